@@ -1,0 +1,398 @@
+"""The framework-free engine: put / apply / release / get_value under a memory budget.
+
+It records every op's compute path, evicts storages chosen by a policy *before* an allocation
+would exceed the budget, evicts eagerly what the program releases while a dependent may still
+need it, frees for good what nothing can need any more, and rematerializes evicted tensors on
+demand with an explicit stack (never recursion), so arbitrarily long evicted chains are fine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from time import perf_counter_ns
+
+from membudget.core.allocators import Allocator, make_allocator
+from membudget.core.executor import Executor, SimulatedExecutor
+from membudget.core.policies import Policy, make_policy
+from membudget.core.pool import CandidatePool
+from membudget.core.records import ComputePath, Storage, Tensor
+from membudget.core.stats import Stats
+from membudget.errors import EngineError, OutOfBudget, Thrashed
+
+
+class Engine:
+    """Runs a program's ops under ``budget`` bytes, recomputing evicted values on demand.
+
+    ``remat_cost_limit`` aborts the run with :class:`Thrashed` once recomputation has cost
+    more than that (the simulator sets it from the overhead limit and the baseline cost).
+    ``free_dead`` frees for good a storage that nothing can need any more (no program
+    reference, no live dependent); simrd's accounting instead keeps it in the graph as an
+    evicted node, and keeps released pinned storages resident. ``keep_released_leaves=False``
+    drops released leaves too (only sound without a budget: the baseline run).
+    """
+
+    def __init__(self, budget: float, policy: Policy | str = "dtr-eq",
+                 allocator: Allocator | str = "fungible", executor: Executor | None = None,
+                 *, remat_cost_limit: float = math.inf, free_dead: bool = True,
+                 keep_released_leaves: bool = True, seed: int = 0) -> None:
+        self.allocator = (make_allocator(allocator, budget) if isinstance(allocator, str)
+                          else allocator)
+        self.policy = make_policy(policy, seed=seed) if isinstance(policy, str) else policy
+        self.executor = executor if executor is not None else SimulatedExecutor()
+        self.pool = CandidatePool()
+        self.stats = Stats()
+        self.clock = 1.0
+        self.remat_cost_limit = remat_cost_limit
+        self.free_dead = free_dead
+        self.keep_released_leaves = keep_released_leaves
+        self._ids = 0
+        self.policy.attach(self)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def budget(self) -> float:
+        return self.allocator.capacity
+
+    @property
+    def used_bytes(self) -> int:
+        return self.allocator.used
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.allocator.peak
+
+    def _next_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    # ------------------------------------------------------------------ the four commands
+    def put(self, nbytes: int, kind: str = "leaf") -> Tensor:
+        """A leaf enters (parameter, input, constant): pinned, counted, one program reference."""
+        if nbytes < 0:
+            raise EngineError(f"a tensor cannot have {nbytes} bytes")
+        s = Storage(self._next_id(), int(nbytes), kind)
+        s.pinned = True
+        t = Tensor(self._next_id(), s, None, alias=False)
+        s.tensors.append(t)
+        self._allocate(s, "put")
+        self._placed(s)
+        t.defined = True
+        s.last_access = self.clock
+        t.ext_refs = s.ext_refs = 1
+        return t
+
+    def apply(self, op: object, inputs: Sequence[Tensor], out_bytes: Sequence[int],
+              out_alias: Sequence[int] | None = None, cost: float = 0.0,
+              mutated: Sequence[int] = ()) -> list[Tensor]:
+        """Run ``op`` on ``inputs``; return its outputs, each with one program reference.
+
+        ``out_alias[i]`` is the index of the input whose storage output ``i`` shares (a view,
+        0 bytes of its own) or -1 for a fresh storage of ``out_bytes[i]``. Each index in
+        ``mutated`` names an input the op writes; it is handled by copy-on-write: a new
+        version of that input (a fresh storage of the same size) is appended to the outputs,
+        and the caller rebinds its handle and releases the old version.
+        """
+        for t in inputs:
+            if t.storage.dead:
+                raise EngineError(f"{op!r} reads {t!r}, which was freed for good")
+        path = ComputePath(self._next_id(), op, inputs, float(cost))
+        if out_alias is None:
+            out_alias = [-1] * len(out_bytes)
+        if len(out_alias) != len(out_bytes):
+            raise EngineError(f"{op!r}: {len(out_bytes)} output sizes but "
+                              f"{len(out_alias)} alias entries")
+        specs = list(zip(out_bytes, out_alias, strict=True))
+        for i in mutated:
+            specs.append((inputs[i].storage.nbytes, -1))
+        outputs = path.outputs
+        for nbytes, alias in specs:
+            if alias >= 0:
+                s = inputs[alias].storage
+                t = Tensor(self._next_id(), s, path, alias=True)
+            else:
+                s = Storage(self._next_id(), int(nbytes))
+                s.last_access = self.clock
+                t = Tensor(self._next_id(), s, path, alias=False)
+            s.tensors.append(t)
+            outputs.append(t)
+        for t in outputs:  # referenced before it runs, so nothing frees them on unlock
+            t.ext_refs += 1
+            t.storage.ext_refs += 1
+        self._link(path)
+        self._run(path, remat=False)
+        return outputs
+
+    def retain(self, t: Tensor) -> None:
+        """The program took one more reference to ``t`` (a copied handle)."""
+        if t.storage.dead:
+            raise EngineError(f"cannot reference {t!r}: it was freed for good")
+        t.ext_refs += 1
+        t.storage.ext_refs += 1
+
+    def release(self, t: Tensor) -> None:
+        """The program dropped one reference to ``t``."""
+        if t.ext_refs <= 0:
+            raise EngineError(f"{t!r} released more often than it was referenced")
+        t.ext_refs -= 1
+        s = t.storage
+        s.ext_refs -= 1
+        if s.ext_refs == 0 and s.locks == 0:
+            self._unreferenced(s)
+
+    def get_value(self, t: Tensor) -> object:
+        """The program reads ``t``: materialize it (recomputing if evicted) and return its data."""
+        self._touch(t.storage)
+        if not t.defined:
+            if t.storage.dead or t.producer is None:
+                raise EngineError(f"{t!r} is not materialized and cannot be recomputed")
+            self._run(t.producer, remat=True)
+        return self.executor.value(t)
+
+    # ------------------------------------------------------------------ graph
+    def _link(self, path: ComputePath) -> None:
+        """Add the storage-level edges of a new path and charge its cost to its outputs."""
+        in_storages = {t.storage for t in path.inputs}
+        for s in {t.storage for t in path.outputs}:
+            s.cost += path.cost
+            if s.slot >= 0:
+                self.pool.cost[s.slot] = s.cost
+            for p in in_storages:
+                if p is s or p in s.parents:
+                    continue
+                s.parents.add(p)
+                p.children.add(s)
+                if p.evicted:
+                    s.ev_parents += 1
+                    if s.slot >= 0:
+                        self.pool.ev_parents[s.slot] = s.ev_parents
+
+    # ------------------------------------------------------------------ running ops
+    def _run(self, path: ComputePath, remat: bool) -> None:
+        """Execute ``path``, first rematerializing any undefined input, iteratively.
+
+        A frame stamps its inputs' last access when it starts, then locks each input it finds
+        defined, so a later rematerialization cannot evict it; an undefined input pushes its
+        producer as a new frame.
+        """
+        self._stamp(path.inputs)
+        stack: list[list] = [[path, 0, remat]]
+        try:
+            while stack:
+                frame = stack[-1]
+                p, i, rm = frame
+                inputs = p.inputs
+                n = len(inputs)
+                while i < n:
+                    t = inputs[i]
+                    if not t.defined:
+                        break
+                    self._lock(t.storage)
+                    i += 1
+                frame[1] = i
+                if i < n:
+                    t = inputs[i]
+                    if t.producer is None or t.storage.dead:
+                        raise EngineError(f"{t!r}, an input of {p.op!r}, was lost: it is "
+                                          "neither materialized nor recomputable")
+                    self._stamp(t.producer.inputs)
+                    stack.append([t.producer, 0, True])
+                    continue
+                self._execute(p, rm)
+                stack.pop()
+                for t in inputs:
+                    self._unlock(t.storage)
+        except BaseException:
+            for p, i, _ in stack:
+                for t in p.inputs[:i]:
+                    self._unlock(t.storage)
+            raise
+
+    def _execute(self, p: ComputePath, remat: bool) -> None:
+        """Allocate the outputs of ``p`` (its inputs are locked), run it, account for it.
+
+        An output that is still resident, or dead, is produced again all the same, so its
+        bytes are held by a temporary duplicate while the op runs (as a real recompute would).
+        """
+        placed: list[Storage] = []
+        duplicates: list[Storage] = []
+        alloc = self.allocator
+        try:
+            for t in p.outputs:
+                if t.alias:
+                    continue
+                s = t.storage
+                if s.resident or s.dead:
+                    dup = Storage(-1, s.nbytes, "duplicate")
+                    self._allocate(dup, p.op)
+                    duplicates.append(dup)
+                    continue
+                self._allocate(s, p.op)
+                self._placed(s)
+                s.locks += 1
+                placed.append(s)
+            cost = self.executor.run(p, remat)
+        finally:
+            for dup in duplicates:
+                alloc.free(dup)
+            for s in placed:
+                self._unlock(s)
+        self.clock += cost
+        for t in p.outputs:
+            t.defined = not t.storage.dead
+        st = self.stats
+        if remat:
+            st.remat_ops += 1
+            st.remat_cost += cost
+            if st.remat_cost > self.remat_cost_limit:
+                raise Thrashed(st.remat_cost, self.remat_cost_limit)
+        else:
+            st.ops += 1
+            st.base_cost += cost
+            clock = self.clock
+            last = self.pool.last
+            for t in p.outputs:
+                s = t.storage
+                s.last_access = clock
+                if s.slot >= 0:
+                    last[s.slot] = clock
+
+    # ------------------------------------------------------------------ memory
+    def _allocate(self, s: Storage, op: object) -> None:
+        """Place ``s``, evicting storages chosen by the policy until it fits."""
+        alloc = self.allocator
+        if alloc.allocate(s):
+            return
+        pool = self.pool
+        choose = self.policy.choose
+        searched = 0
+        self.stats.failed_allocations += 1
+        while True:
+            if not pool.items:
+                raise OutOfBudget(op=op, request_bytes=s.nbytes, unevictable_bytes=alloc.used,
+                                  budget_bytes=alloc.capacity)
+            t0 = perf_counter_ns()
+            victim = choose(pool, self.clock)
+            searched += perf_counter_ns() - t0
+            self._evict(victim)
+            self.stats.evictions += 1
+            if alloc.allocate(s):
+                break
+        self.stats.search_ns.append(searched)
+
+    def _placed(self, s: Storage) -> None:
+        """``s`` now holds its bytes: if it was evicted, it is back in the graph's resident set."""
+        s.resident = True
+        if s.evicted:
+            s.evicted = False
+            pool = self.pool
+            for p in s.parents:
+                p.ev_children -= 1
+                if p.slot >= 0:
+                    pool.ev_children[p.slot] = p.ev_children
+            for c in s.children:
+                c.ev_parents -= 1
+                if c.slot >= 0:
+                    pool.ev_parents[c.slot] = c.ev_parents
+            self.policy.on_remat(s)
+
+    def _evict(self, s: Storage) -> None:
+        """Drop the bytes of ``s`` but keep its history so it can be recomputed."""
+        self.allocator.free(s)
+        self.executor.drop(s)
+        s.resident = False
+        s.evicted = True
+        for t in s.tensors:
+            t.defined = False
+        pool = self.pool
+        if s.slot >= 0:
+            pool.remove(s)
+        for p in s.parents:
+            p.ev_children += 1
+            if p.slot >= 0:
+                pool.ev_children[p.slot] = p.ev_children
+        for c in s.children:
+            c.ev_parents += 1
+            if c.slot >= 0:
+                pool.ev_parents[c.slot] = c.ev_parents
+        self.policy.on_evict(s)
+
+    def _unreferenced(self, s: Storage) -> None:
+        """The program holds no reference into ``s`` and no op is using it."""
+        if not s.children and self.free_dead:
+            self._free(s)
+        elif s.resident and (not s.pinned or not self.keep_released_leaves):
+            self._evict(s)
+            self.stats.eager_evictions += 1
+
+    def _free(self, s: Storage) -> None:
+        """Free ``s`` for good, then every ancestor that nothing can need any more."""
+        work = [s]
+        pool = self.pool
+        while work:
+            s = work.pop()
+            if s.dead:
+                continue
+            if s.resident:
+                self.allocator.free(s)
+                self.executor.drop(s)
+                s.resident = False
+                if s.slot >= 0:
+                    pool.remove(s)
+            elif s.evicted:
+                self.policy.on_forget(s)
+                s.evicted = False
+                for p in s.parents:
+                    p.ev_children -= 1
+                    if p.slot >= 0:
+                        pool.ev_children[p.slot] = p.ev_children
+            s.dead = True
+            self.stats.frees += 1
+            for t in s.tensors:
+                t.defined = False
+                t.producer = None  # let the history be garbage-collected
+            for p in s.parents:
+                p.children.discard(s)
+                if not p.children and p.ext_refs == 0 and p.locks == 0:
+                    work.append(p)
+            s.parents = set()
+
+    def _lock(self, s: Storage) -> None:
+        s.locks += 1
+        if s.slot >= 0:
+            self.pool.remove(s)
+
+    def _unlock(self, s: Storage) -> None:
+        s.locks -= 1
+        if s.locks:
+            return
+        if s.ext_refs == 0 and not s.children and not s.dead and self.free_dead:
+            self._free(s)
+        elif s.resident and not s.pinned and s.nbytes > 0 and not s.dead and s.slot < 0:
+            self.pool.add(s)
+
+    def _touch(self, s: Storage) -> None:
+        s.last_access = self.clock
+        if s.slot >= 0:
+            self.pool.last[s.slot] = self.clock
+
+    def _stamp(self, inputs: Sequence[Tensor]) -> None:
+        clock = self.clock
+        last = self.pool.last
+        for t in inputs:
+            s = t.storage
+            s.last_access = clock
+            if s.slot >= 0:
+                last[s.slot] = clock
+
+    # ------------------------------------------------------------------ inspection
+    def materialize(self, t: Tensor) -> None:
+        """Make ``t`` resident (recomputing it if needed) without reading it."""
+        self.get_value(t)
+
+    def pin(self, t: Tensor) -> None:
+        """Never evict the storage of ``t`` from now on (it is unsafe or unwanted to recompute)."""
+        s = t.storage
+        s.pinned = True
+        if s.slot >= 0:
+            self.pool.remove(s)

@@ -1,0 +1,40 @@
+"""Executors do the actual work of an op for the engine; the engine only decides.
+
+The torch executor (live runtime) runs aten ops; the simulated executor charges the cost a trace
+recorded and produces no data, so the same policy code decides in both worlds.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from membudget.core.records import ComputePath, Storage, Tensor
+
+
+class Executor(ABC):
+    """What the engine needs from whoever holds the data."""
+
+    @abstractmethod
+    def run(self, path: ComputePath, remat: bool) -> float:
+        """Compute the outputs of ``path`` (inputs are materialized); return its cost."""
+
+    @abstractmethod
+    def drop(self, storage: Storage) -> None:
+        """Release the data of an evicted or dead storage."""
+
+    @abstractmethod
+    def value(self, tensor: Tensor) -> object:
+        """The data of a materialized tensor (for ``Engine.get_value``)."""
+
+
+class SimulatedExecutor(Executor):
+    """Charges each op the cost recorded with it; holds no data."""
+
+    def run(self, path: ComputePath, remat: bool) -> float:
+        return path.cost
+
+    def drop(self, storage: Storage) -> None:
+        return None
+
+    def value(self, tensor: Tensor) -> object:
+        return None

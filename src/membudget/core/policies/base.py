@@ -1,0 +1,36 @@
+"""The eviction-policy interface: given the candidates, pick the storage to evict."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, ClassVar
+
+from membudget.core.pool import CandidatePool
+from membudget.core.records import Storage
+
+if TYPE_CHECKING:
+    from membudget.core.engine import Engine
+
+
+class Policy(ABC):
+    """Chooses victims; may keep its own caches up to date through the ``on_*`` hooks."""
+
+    name: ClassVar[str]
+    engine: Engine
+
+    def attach(self, engine: Engine) -> None:
+        """Called once by the engine that will consult this policy."""
+        self.engine = engine
+
+    @abstractmethod
+    def choose(self, pool: CandidatePool, clock: float) -> Storage:
+        """Return one storage of the (non-empty) pool to evict."""
+
+    def on_evict(self, s: Storage) -> None:
+        """``s`` was evicted (by the policy or eagerly on release)."""
+
+    def on_remat(self, s: Storage) -> None:
+        """``s``, evicted before, holds its bytes again."""
+
+    def on_forget(self, s: Storage) -> None:
+        """``s``, evicted before, was freed for good and left the graph."""

@@ -1,0 +1,102 @@
+"""The engine's records: storages (units of memory), tensors (values) and compute paths.
+
+These are plain slotted objects because the simulator touches them millions of times; every
+field is documented here once and read directly by the engine and the policies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class Storage:
+    """One buffer of memory and every tensor that lives in it (a base and its views).
+
+    A storage is *resident* (its bytes are held), *evicted* (dropped, but recomputable from its
+    compute history) or *dead* (freed for good: nothing that may still be needed depends on it).
+    """
+
+    __slots__ = (
+        "addr",  # address chosen by a layout-aware allocator (None when fungible)
+        "children",  # storages computed from this one that are not dead
+        "cost",  # summed cost of the distinct paths producing its tensors (views included)
+        "dead",
+        "ev_children",  # how many children are evicted (kept by the engine for policies)
+        "ev_parents",  # how many parents are evicted
+        "evicted",
+        "ext_refs",  # references held by the program over all its tensors
+        "id",
+        "kind",  # free-form label: "leaf", "activation", ...
+        "last_access",  # logical clock of the last read or write
+        "locks",  # > 0 while it is an input of an op being run
+        "nbytes",
+        "parents",  # storages whose tensors are inputs of its producers
+        "pinned",  # never evicted (leaves, constants, unsafe-to-recompute outputs)
+        "resident",
+        "slot",  # index in the candidate pool, or -1
+        "tensors",  # the tensors that live in it; tensors[0] is the base
+        "uf",  # scratch field for policies (union-find node of dtr-eq)
+    )
+
+    def __init__(self, sid: int, nbytes: int, kind: str = "activation") -> None:
+        self.id = sid
+        self.nbytes = nbytes
+        self.kind = kind
+        self.resident = False
+        self.evicted = False
+        self.dead = False
+        self.pinned = False
+        self.locks = 0
+        self.ext_refs = 0
+        self.cost = 0.0
+        self.last_access = 0.0
+        self.tensors: list[Tensor] = []
+        self.parents: set[Storage] = set()
+        self.children: set[Storage] = set()
+        self.ev_parents = 0
+        self.ev_children = 0
+        self.slot = -1
+        self.addr: int | None = None
+        self.uf: object | None = None
+
+    def __repr__(self) -> str:
+        state = "dead" if self.dead else "evicted" if self.evicted else (
+            "resident" if self.resident else "new")
+        return f"Storage(id={self.id}, {self.nbytes} B, {state})"
+
+    # Storages are graph nodes: identity semantics, cheap hashing.
+    __hash__ = object.__hash__
+
+
+class Tensor:
+    """A value the program holds a handle to; it lives in one storage (as its base or a view)."""
+
+    __slots__ = ("alias", "defined", "ext_refs", "id", "producer", "storage")
+
+    def __init__(self, tid: int, storage: Storage, producer: ComputePath | None,
+                 alias: bool) -> None:
+        self.id = tid
+        self.storage = storage
+        self.producer = producer
+        self.alias = alias
+        self.defined = False
+        self.ext_refs = 0
+
+    def __repr__(self) -> str:
+        return f"Tensor(id={self.id}, storage={self.storage.id}, defined={self.defined})"
+
+
+class ComputePath:
+    """How some tensors were computed: the op, its input tensors, its outputs and its cost."""
+
+    __slots__ = ("cost", "id", "inputs", "op", "outputs")
+
+    def __init__(self, pid: int, op: object, inputs: Sequence[Tensor], cost: float) -> None:
+        self.id = pid
+        self.op = op
+        self.inputs = tuple(inputs)
+        self.outputs: list[Tensor] = []
+        self.cost = cost
+
+    def __repr__(self) -> str:
+        return f"ComputePath(id={self.id}, op={self.op!r}, cost={self.cost})"

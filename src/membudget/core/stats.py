@@ -1,0 +1,34 @@
+"""Counters the engine keeps while it runs; one definition of each metric (see DESIGN.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Stats:
+    """What happened during a run. Costs are in the trace's cost unit (ns for DTR logs)."""
+
+    base_cost: float = 0.0  # cost of the program's own ops
+    remat_cost: float = 0.0  # cost of recomputations
+    ops: int = 0  # program ops executed
+    remat_ops: int = 0  # ops executed to rematerialize evicted tensors
+    evictions: int = 0  # storages evicted by the policy to make room
+    eager_evictions: int = 0  # storages evicted because the program released them
+    frees: int = 0  # storages freed for good
+    failed_allocations: int = 0  # allocations that needed a search for victims
+    search_ns: list[int] = field(default_factory=list)  # policy time per failed allocation
+
+    @property
+    def executed_cost(self) -> float:
+        return self.base_cost + self.remat_cost
+
+    def search_us(self) -> dict[str, float]:
+        """p50, p99 and max of the policy's search time per failed allocation, in µs."""
+        if not self.search_ns:
+            return {"p50": 0.0, "p99": 0.0, "max": 0.0, "count": 0}
+        a = np.asarray(self.search_ns, dtype=np.float64) / 1e3
+        return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)),
+                "max": float(a.max()), "count": int(a.size)}

@@ -1,0 +1,63 @@
+"""The errors membudget raises: each names the problem and what to do about it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class MembudgetError(Exception):
+    """Base class of every error raised by membudget."""
+
+
+class UnknownNameError(MembudgetError, ValueError):
+    """A policy, allocator or other named component that does not exist."""
+
+    def __init__(self, what: str, name: str, known: Iterable[str]) -> None:
+        self.known = sorted(known)
+        super().__init__(f"unknown {what} {name!r}; known {what}s: {', '.join(self.known)}")
+
+
+class OutOfBudget(MembudgetError, MemoryError):
+    """An allocation cannot fit even after evicting everything evictable.
+
+    ``needed_bytes`` is the smallest budget under which this allocation could have succeeded
+    at that moment: the bytes that could not be evicted (pinned or locked) plus the request.
+    """
+
+    def __init__(self, *, op: object, request_bytes: int, unevictable_bytes: int,
+                 budget_bytes: float) -> None:
+        self.op = op
+        self.request_bytes = request_bytes
+        self.unevictable_bytes = unevictable_bytes
+        self.needed_bytes = request_bytes + unevictable_bytes
+        self.budget_bytes = budget_bytes
+        super().__init__(
+            f"out of budget running {op!r}: it needs {request_bytes:,} B more while "
+            f"{unevictable_bytes:,} B are pinned or locked, so at least {self.needed_bytes:,} B "
+            f"in all, but the budget is {int(budget_bytes):,} B; raise the budget to at least "
+            f"{self.needed_bytes:,} B")
+
+
+class Thrashed(MembudgetError):
+    """Recomputation exceeded the overhead limit (the run is judged as not completing)."""
+
+    def __init__(self, remat_cost: float, limit_cost: float) -> None:
+        self.remat_cost = remat_cost
+        self.limit_cost = limit_cost
+        super().__init__(
+            f"recomputation cost {remat_cost:.4g} exceeded the overhead limit "
+            f"({limit_cost:.4g}); raise the budget or the overhead limit")
+
+
+class TraceError(MembudgetError, ValueError):
+    """A trace that cannot be read or replayed; names the file and line."""
+
+    def __init__(self, path: object, line: int | None, message: str) -> None:
+        self.path = path
+        self.line = line
+        where = f"{path}:{line}" if line is not None else f"{path}"
+        super().__init__(f"{where}: {message}")
+
+
+class EngineError(MembudgetError, RuntimeError):
+    """The engine was asked for something its state cannot satisfy (a bug or misuse)."""

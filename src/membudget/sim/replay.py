@@ -1,0 +1,59 @@
+"""Replay a trace's commands through an engine: the simulator's inner loop."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from membudget.core.engine import Engine
+from membudget.core.records import Tensor
+from membudget.errors import TraceError
+from membudget.trace.format import CALL, COPY, COPY_FROM, GET, PHASE, PUT, RELEASE, Event
+
+
+def replay(engine: Engine, events: Iterable[Event], source: object = "<trace>") -> None:
+    """Run every event on ``engine``, then materialize every value the program still holds
+    (a step's outputs and gradients are read after it; an evicted one must be recomputed)."""
+    handles: dict[int, Tensor] = {}
+    ev: Event = ("", None)
+    try:
+        for ev in events:
+            kind = ev[0]
+            if kind is CALL or kind == CALL:
+                _, _, op, ins, outs, nbytes, alias, cost, mut = ev
+                inputs = [handles[i] for i in ins]
+                results = engine.apply(op, inputs, nbytes, alias, cost, mut)
+                for tid, t in zip(outs, results, strict=False):
+                    handles[tid] = t
+                for j, idx in enumerate(mut):  # copy-on-write: rebind, then drop the old
+                    tid = ins[idx]
+                    old = handles[tid]
+                    handles[tid] = results[len(outs) + j]
+                    engine.release(old)
+            elif kind == RELEASE:
+                engine.release(handles.pop(ev[2]))
+            elif kind == COPY:
+                t = handles[ev[2]]
+                engine.retain(t)
+                handles[ev[3]] = t
+            elif kind == PUT:
+                handles[ev[2]] = engine.put(ev[3], ev[4])
+            elif kind == COPY_FROM:
+                t = handles[ev[2]]
+                old = handles.get(ev[3])
+                if old is not t:
+                    if old is not None:
+                        engine.release(old)
+                    engine.retain(t)
+                    handles[ev[3]] = t
+            elif kind == GET:
+                engine.get_value(handles[ev[2]])
+            elif kind == PHASE:
+                continue
+            else:
+                raise TraceError(source, ev[1], f"unknown event kind {kind!r}")
+    except KeyError as e:
+        raise TraceError(source, ev[1], f"tensor {e.args[0]} is not live here (never defined, "
+                                        "or already released)") from None
+    for t in handles.values():
+        if not t.defined:
+            engine.get_value(t)

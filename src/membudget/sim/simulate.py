@@ -1,0 +1,116 @@
+"""Simulate a policy on a trace under a budget, with the metrics of DESIGN.md."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from membudget.core.engine import Engine
+from membudget.core.policies import make_policy
+from membudget.errors import MembudgetError, OutOfBudget, Thrashed
+from membudget.sim.replay import replay
+from membudget.trace.format import Trace
+
+SEMANTICS = ("membudget", "simrd")
+DEFAULT_OVERHEAD_LIMIT = 2.0
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The unconstrained run: every op once, tensors freed when the program releases them."""
+
+    cost: float
+    peak_bytes: int
+    ops: int
+
+
+@dataclass
+class SimResult:
+    """Everything one simulated run reports (``to_json`` is what ``--json`` prints)."""
+
+    trace: str
+    policy: str
+    semantics: str
+    status: str  # "ok", "oom" or "thrashed"
+    ratio: float | None
+    budget_bytes: int
+    baseline_cost: float
+    baseline_peak_bytes: int
+    overhead: float  # executed cost / baseline cost - 1
+    executed_cost: float
+    remat_cost: float
+    peak_bytes: int
+    evictions: int
+    eager_evictions: int
+    remat_ops: int
+    ops: int
+    search_us: dict[str, float]
+    wall_s: float
+    ops_per_s: float  # executed ops (remat included) per second of wall time
+    needed_bytes: int | None = None  # with "oom": the budget the failing allocation needed
+    message: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _engine(budget: float, policy: str, semantics: str, remat_limit: float,
+            seed: int) -> Engine:
+    if semantics not in SEMANTICS:
+        raise MembudgetError(f"unknown semantics {semantics!r}; known: {', '.join(SEMANTICS)}")
+    return Engine(budget, make_policy(policy, seed=seed), "fungible",
+                  remat_cost_limit=remat_limit, free_dead=semantics == "membudget", seed=seed)
+
+
+def measure_baseline(trace: Trace) -> Baseline:
+    """Replay with no budget, freeing every storage when the program releases it."""
+    engine = Engine(math.inf, "lru", keep_released_leaves=False)
+    replay(engine, trace.events, trace.path)
+    return Baseline(engine.stats.base_cost, engine.peak_bytes, engine.stats.ops)
+
+
+def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
+             budget: int | None = None, semantics: str = "membudget",
+             overhead_limit: float | None = DEFAULT_OVERHEAD_LIMIT,
+             baseline: Baseline | None = None, seed: int = 0) -> SimResult:
+    """Replay ``trace`` under a budget (bytes, or ``ratio`` × the baseline peak) with ``policy``.
+
+    The run ends "ok", "oom" (nothing evictable was left for an allocation) or "thrashed"
+    (recomputation cost more than ``overhead_limit - 1`` times the baseline cost).
+    """
+    make_policy(policy)  # unknown names fail before any work
+    if (ratio is None) == (budget is None):
+        raise MembudgetError("give exactly one of ratio and budget")
+    if ratio is not None and not ratio > 0:
+        raise MembudgetError(f"ratio must be > 0, got {ratio}")
+    if budget is not None and budget < 0:
+        raise MembudgetError(f"budget must be >= 0 bytes, got {budget}")
+    base = baseline or measure_baseline(trace)
+    if ratio is not None:
+        budget = int(base.peak_bytes * ratio)
+    assert budget is not None
+    limit = math.inf if overhead_limit is None else base.cost * (overhead_limit - 1)
+    engine = _engine(budget, policy, semantics, limit, seed)
+    status, needed, message = "ok", None, ""
+    t0 = time.perf_counter()
+    try:
+        replay(engine, trace.events, trace.path)
+    except OutOfBudget as e:
+        status, needed, message = "oom", e.needed_bytes, str(e)
+    except Thrashed as e:
+        status, message = "thrashed", str(e)
+    wall = time.perf_counter() - t0
+    st = engine.stats
+    executed_ops = st.ops + st.remat_ops
+    return SimResult(
+        trace=trace.name, policy=policy, semantics=semantics, status=status, ratio=ratio,
+        budget_bytes=int(budget), baseline_cost=base.cost, baseline_peak_bytes=base.peak_bytes,
+        overhead=st.executed_cost / base.cost - 1 if base.cost else 0.0,
+        executed_cost=st.executed_cost, remat_cost=st.remat_cost, peak_bytes=engine.peak_bytes,
+        evictions=st.evictions, eager_evictions=st.eager_evictions, remat_ops=st.remat_ops,
+        ops=st.ops, search_us=st.search_us(), wall_s=wall,
+        ops_per_s=executed_ops / wall if wall > 0 else 0.0, needed_bytes=needed,
+        message=message)

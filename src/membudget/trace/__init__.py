@@ -1,0 +1,46 @@
+"""Traces: the v1 format, its reader and writer, importers, and generated example traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from membudget.errors import TraceError
+from membudget.trace.dtr_log import is_dtr_log, read_dtr_log
+from membudget.trace.format import (
+    ZIP_SEP,
+    Trace,
+    first_record,
+    read_trace,
+    split_source,
+    write_trace,
+    zip_members,
+)
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Load a membudget trace or a DTR log (``archive.zip::member`` reads inside a zip),
+    telling them apart by their first record."""
+    if is_dtr_log(first_record(path)):
+        return read_dtr_log(path)
+    return read_trace(path)
+
+
+def expand_sources(paths: list[str]) -> list[str]:
+    """Expand each zip archive given without a member into its ``.log``, ``.jsonl`` and
+    ``.jsonl.gz`` members; other paths are kept as they are."""
+    out: list[str] = []
+    for p in paths:
+        archive, member = split_source(p)
+        if member is None and archive.suffix == ".zip":
+            if not archive.is_file():
+                raise TraceError(archive, None, "no such file")
+            names = [n for n in zip_members(archive)
+                     if n.endswith((".log", ".jsonl", ".jsonl.gz"))]
+            out += [f"{archive}{ZIP_SEP}{n}" for n in sorted(names)]
+        else:
+            out.append(p)
+    return out
+
+
+__all__ = ["Trace", "expand_sources", "load_trace", "read_dtr_log", "read_trace",
+           "write_trace"]
