@@ -14,7 +14,7 @@ class UnknownNameError(MembudgetError, ValueError):
 
     def __init__(self, what: str, name: str, known: Iterable[str]) -> None:
         self.known = sorted(known)
-        super().__init__(f"unknown {what} {name!r}; known {what}s: {', '.join(self.known)}")
+        super().__init__(f"unknown {what} {name!r}; known: {', '.join(self.known)}")
 
 
 class OutOfBudget(MembudgetError, MemoryError):

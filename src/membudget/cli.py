@@ -1,0 +1,174 @@
+"""The ``membudget`` command line: import traces, simulate policies, sweep budgets, demo."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from membudget.errors import MembudgetError
+from membudget.units import format_bytes, parse_bytes
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Train under a memory budget, and compare the methods for it.")
+import_app = typer.Typer(no_args_is_help=True, help="Convert other formats into membudget traces.")
+app.add_typer(import_app, name="import")
+
+# Tables stay whole when the output is a file or a pipe (rich would wrap at 80 columns).
+out = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True)
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{what} must be comma-separated numbers, got {text!r}") from None
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _limit(value: float) -> float | None:
+    return None if value == float("inf") else value
+
+
+@import_app.command("dtr-log")
+def import_dtr_log(
+    log: Annotated[str, typer.Argument(help="A DTR simulator log (or archive.zip::member).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Trace to write (.gz to "
+                                                                 "compress).")],
+) -> None:
+    """Convert a DTR paper simulator log into a membudget trace."""
+    from membudget.trace import read_dtr_log, write_trace
+
+    trace = read_dtr_log(log)
+    n = write_trace(output, trace.header, trace.events)
+    err.print(f"wrote {n} events of {trace.name} to {output}")
+
+
+@app.command()
+def simulate(
+    trace: Annotated[str, typer.Argument(help="A membudget trace or a DTR log "
+                                              "(archive.zip::member reads inside a zip).")],
+    policy: Annotated[str, typer.Option(help="Eviction policy.")] = "dtr-eq",
+    ratio: Annotated[float | None, typer.Option(help="Budget as a fraction of the "
+                                                     "unconstrained peak.")] = None,
+    budget: Annotated[str | None, typer.Option(help="Budget in bytes (units allowed: "
+                                                    "'8GB', '1.5GiB').")] = None,
+    semantics: Annotated[str, typer.Option(help="membudget, or simrd for the DTR paper's "
+                                                "simulator accounting.")] = "membudget",
+    overhead_limit: Annotated[float, typer.Option(help="Give up ('thrashed') once executed "
+                                                       "cost exceeds this × baseline; inf "
+                                                       "disables.")] = 2.0,
+    seed: Annotated[int, typer.Option(help="Seed of the random policy.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Replay TRACE under a budget with one policy and report what it cost."""
+    from membudget.sim import simulate as run
+    from membudget.trace import load_trace
+
+    if (ratio is None) == (budget is None):
+        raise typer.BadParameter("give exactly one of --ratio and --budget")
+    try:
+        nbytes = None if budget is None else parse_bytes(budget)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    result = run(load_trace(trace), policy, ratio=ratio, budget=nbytes, semantics=semantics,
+                 overhead_limit=_limit(overhead_limit), seed=seed)
+    if as_json:
+        print(json.dumps(result.to_json()))
+        return
+    s = result.search_us
+    out.print(f"[bold]{result.trace}[/] · {policy} · {semantics} semantics")
+    out.print(f"status        {result.status}" + (f" — {result.message}" if result.message
+                                                 else ""))
+    out.print(f"budget        {format_bytes(result.budget_bytes)} "
+              f"(baseline peak {format_bytes(result.baseline_peak_bytes)})")
+    out.print(f"peak          {format_bytes(result.peak_bytes)}")
+    out.print(f"overhead      {100 * result.overhead:.2f}% of baseline cost "
+              f"{result.baseline_cost:.4g}")
+    out.print(f"evictions     {result.evictions} (+{result.eager_evictions} on release), "
+              f"remat ops {result.remat_ops}")
+    out.print(f"search        p50 {s['p50']:.1f} µs, p99 {s['p99']:.1f} µs, max {s['max']:.1f} "
+              f"µs over {s.get('count', 0)} failed allocations")
+    out.print(f"replay        {result.wall_s:.2f} s, {result.ops_per_s:,.0f} ops/s")
+    if result.status != "ok":
+        raise typer.Exit(1)
+
+
+@app.command()
+def sweep(
+    traces: Annotated[list[str], typer.Argument(help="Traces or DTR logs; a .zip stands for "
+                                                     "all its logs.")],
+    policies: Annotated[str, typer.Option(help="Comma-separated policies.")] =
+        "dtr,dtr-eq,msps,lru,size",
+    ratios: Annotated[str, typer.Option(help="Comma-separated budget ratios.")] =
+        "0.9,0.7,0.5,0.4,0.3,0.2",
+    semantics: Annotated[str, typer.Option(help="membudget or simrd.")] = "membudget",
+    overhead_limit: Annotated[float, typer.Option(help="Thrash limit (× baseline cost).")] = 2.0,
+    workers: Annotated[int, typer.Option(help="Processes (default: all cores).")] = 0,
+    plot: Annotated[Path | None, typer.Option(help="Write a PNG of overhead vs ratio.")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write all results as "
+                                                                 "JSON.")] = None,
+) -> None:
+    """Simulate several policies at several budget ratios on several traces."""
+    from membudget.bench.report import overhead_table
+    from membudget.bench.sweep import sweep as run
+    from membudget.trace import expand_sources
+
+    results = run(expand_sources(traces), _names(policies), _floats(ratios, "--ratios"),
+                  semantics=semantics, overhead_limit=_limit(overhead_limit),
+                  workers=workers or None, console=err)
+    out.print(overhead_table(results))
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps([r.to_json() for r in results], indent=1))
+        err.print(f"wrote {json_out}")
+    if plot:
+        from membudget.bench.plot import plot_overhead
+
+        err.print(f"wrote {plot_overhead(results, plot)}")
+
+
+@app.command()
+def demo(
+    ratios: Annotated[str, typer.Option(help="Budget ratios.")] = "0.9,0.7,0.5,0.4,0.3",
+    policies: Annotated[str, typer.Option(help="Policies.")] = "dtr,dtr-eq,dtr-local,lru,size",
+    plot: Annotated[Path | None, typer.Option(help="Also write a PNG.")] = None,
+) -> None:
+    """Sweep a generated trace of a residual network's training step and print the table."""
+    from membudget.bench.report import overhead_table
+    from membudget.bench.sweep import sweep as run
+    from membudget.sim import measure_baseline
+    from membudget.trace.synthetic import resnet_step
+
+    trace = resnet_step()
+    base = measure_baseline(trace)
+    err.print(f"[bold]{trace.name}[/]: {len(trace.events)} events, one training step "
+              f"(forward, backward, SGD), unconstrained peak {format_bytes(base.peak_bytes)}, "
+              f"cost {base.cost / 1e6:.2f} ms")
+    results = run([trace], _names(policies), _floats(ratios, "--ratios"), console=err)
+    out.print(overhead_table(results, title=f"{trace.name}: compute overhead by budget ratio"))
+    if plot:
+        from membudget.bench.plot import plot_overhead
+
+        err.print(f"wrote {plot_overhead(results, plot)}")
+
+
+def main() -> None:
+    """Entry point: membudget errors become one clear line on stderr and exit status 2."""
+    try:
+        app()
+    except MembudgetError as e:
+        err.print(f"[red]error:[/] {e}", highlight=False)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
