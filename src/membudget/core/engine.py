@@ -166,6 +166,10 @@ class Engine:
                     s.ev_parents += 1
                     if s.slot >= 0:
                         self.pool.ev_parents[s.slot] = s.ev_parents
+                if s.evicted:  # a view of an evicted base gains a parent
+                    p.ev_children += 1
+                    if p.slot >= 0:
+                        self.pool.ev_children[p.slot] = p.ev_children
 
     # ------------------------------------------------------------------ running ops
     def _run(self, path: ComputePath, remat: bool) -> None:
@@ -238,8 +242,8 @@ class Engine:
             for s in placed:
                 self._unlock(s)
         self.clock += cost
-        for t in p.outputs:
-            t.defined = not t.storage.dead
+        for t in p.outputs:  # a resident sibling may have been evicted to make room
+            t.defined = t.storage.resident
         st = self.stats
         if remat:
             st.remat_ops += 1

@@ -67,7 +67,8 @@ class CostPolicy(Policy):
                     break
                 nc = self.neighbour_cost(items[i])
                 bound[i] = nc
-                score = (cost[i] + nc) / denom[i]
+                d = denom[i]
+                score = (cost[i] + nc) / d if d > 0 else math.inf
                 if score < best or (score == best and seq[i] > seq[best_i]):
                     best, best_i = score, i
         return pool.items[best_i]

@@ -1,0 +1,269 @@
+"""Property tests: random DAG programs give the same values under any budget and policy.
+
+A program is a list of instructions over program handles (puts, applies with 1-3 inputs,
+1-2 outputs, views, copy-on-write mutations, copies, releases and reads). It is run once with
+no budget to record every read, then under random budgets with every policy and both
+semantics. A :class:`SymbolicExecutor` computes each value as a hash of its op and its inputs'
+values and fails loudly if an op (or a read) touches data the engine dropped, so "the engine
+never loses a value it needs" is checked on the data, not only on the engine's flags.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from membudget.core import ComputePath, Engine, Executor, Storage, Tensor
+from membudget.core.policies import POLICIES
+from membudget.errors import OutOfBudget
+
+
+class LostValue(AssertionError):
+    """An op or a read needed data that had been dropped."""
+
+
+def digest(*parts: object) -> str:
+    return hashlib.blake2b(repr(parts).encode(), digest_size=8).hexdigest()
+
+
+class SymbolicExecutor(Executor):
+    """Holds one value per tensor, present only while its storage's data is held."""
+
+    def __init__(self) -> None:
+        self.present: set[int] = set()  # ids of storages whose data is held
+        self.values: dict[int, str] = {}  # tensor id -> value
+        self.runs = 0
+
+    def put_leaf(self, t: Tensor, label: str) -> None:
+        self.present.add(t.storage.id)
+        self.values[t.id] = digest("leaf", label)
+
+    def _read(self, t: Tensor, what: str) -> str:
+        if t.storage.id not in self.present or t.id not in self.values:
+            raise LostValue(f"{what} reads {t!r} whose data was dropped")
+        return self.values[t.id]
+
+    def run(self, path: ComputePath, remat: bool) -> float:
+        self.runs += 1
+        args = tuple(self._read(t, repr(path.op)) for t in path.inputs)
+        for i, t in enumerate(path.outputs):
+            s = t.storage
+            # Only a storage the engine placed (or a view of a locked input) holds the result;
+            # a duplicate of an output that is not resident any more writes nowhere.
+            if s.resident and not s.dead:
+                self.present.add(s.id)
+                self.values[t.id] = digest(path.op, i, args)
+        return path.cost
+
+    def drop(self, storage: Storage) -> None:
+        self.present.discard(storage.id)
+        for t in storage.tensors:
+            self.values.pop(t.id, None)
+
+    def value(self, tensor: Tensor) -> object:
+        return self._read(tensor, "get_value")
+
+
+# ---------------------------------------------------------------------------------- programs
+@st.composite
+def programs(draw) -> list[tuple]:
+    """Instructions over handle numbers; every instruction only uses live handles."""
+    live: list[int] = []
+    nxt = 0
+    instrs: list[tuple] = []
+    n_reads = 0
+
+    def new_handle() -> int:
+        nonlocal nxt
+        nxt += 1
+        return nxt
+
+    for step in range(draw(st.integers(1, 35))):
+        kind = draw(st.sampled_from(
+            ["put", "apply", "apply", "apply", "apply", "release", "release", "get", "copy"]))
+        if kind == "put" or not live:
+            h = new_handle()
+            instrs.append(("put", h, draw(st.integers(0, 64))))
+            live.append(h)
+        elif kind == "apply":
+            ins = tuple(draw(st.lists(st.sampled_from(live), min_size=1, max_size=3)))
+            mut = (draw(st.integers(0, len(ins) - 1)),) if draw(st.integers(0, 6)) == 0 else ()
+            out_bytes, out_alias = [], []
+            for _ in range(draw(st.integers(1, 2))):
+                if draw(st.integers(0, 5)) == 0:  # a view of one input
+                    out_alias.append(draw(st.integers(0, len(ins) - 1)))
+                    out_bytes.append(0)
+                else:
+                    out_alias.append(-1)
+                    out_bytes.append(draw(st.integers(0, 64)))
+            outs = tuple(new_handle() for _ in out_bytes)
+            cost = draw(st.integers(0, 5))
+            instrs.append(("apply", f"op{step}", ins, outs, tuple(out_bytes), tuple(out_alias),
+                           cost, mut))
+            live.extend(outs)
+        elif kind == "release":
+            h = draw(st.sampled_from(live))
+            live.remove(h)
+            instrs.append(("release", h))
+        elif kind == "copy":
+            h = new_handle()
+            instrs.append(("copy", draw(st.sampled_from(live)), h))
+            live.append(h)
+        else:
+            instrs.append(("get", draw(st.sampled_from(live)), n_reads))
+            n_reads += 1
+    return instrs
+
+
+def total_fresh_bytes(instrs: list[tuple]) -> int:
+    """Bytes of every storage the program ever creates (no recomputation)."""
+    total = 0
+    sizes: dict[int, int] = {}
+    for ins in instrs:
+        if ins[0] == "put":
+            sizes[ins[1]] = ins[2]
+            total += ins[2]
+        elif ins[0] == "apply":
+            _, _, inputs, outs, nbytes, alias, _, mut = ins
+            for h, b, a in zip(outs, nbytes, alias, strict=True):
+                sizes[h] = sizes[inputs[a]] if a >= 0 else b
+                total += b
+            for m in mut:  # the new version has the mutated storage's size
+                total += sizes[inputs[m]]
+        elif ins[0] == "copy":
+            sizes[ins[2]] = sizes[ins[1]]
+    return total
+
+
+def storages_of(tensors) -> set[Storage]:
+    return {t.storage for t in tensors}
+
+
+def check_invariants(eng: Engine, tensors: list[Tensor]) -> None:
+    """What the engine documents about its state between commands."""
+    storages = storages_of(tensors)
+    assert eng.used_bytes == sum(s.nbytes for s in storages if s.resident)
+    assert eng.used_bytes <= eng.budget
+    for s in storages:
+        assert s.locks == 0
+        assert s.resident + s.evicted + s.dead <= 1, s
+        for t in s.tensors:
+            assert not t.defined or s.resident, f"{t} defined on {s}"
+        if s.dead:
+            continue
+        candidate = s.resident and not s.pinned and s.nbytes > 0
+        assert (s.slot >= 0) == candidate, s
+        assert s.ev_parents == sum(p.evicted for p in s.parents), s
+        assert s.ev_children == sum(c.evicted for c in s.children), s
+        assert all(s in p.children for p in s.parents), s
+        assert all(s in c.parents for c in s.children), s
+    for i, s in enumerate(eng.pool.items):
+        assert s.slot == i
+        assert eng.pool.nbytes[i] == s.nbytes
+        assert eng.pool.cost[i] == s.cost
+        assert eng.pool.last[i] == s.last_access
+        assert eng.pool.ev_parents[i] == s.ev_parents
+        assert eng.pool.ev_children[i] == s.ev_children
+
+
+def run_program(instrs: list[tuple], eng: Engine, check: bool = False) -> list[str]:
+    """Run ``instrs``; return every read value, then the value of every handle still held."""
+    ex = eng.executor
+    assert isinstance(ex, SymbolicExecutor)
+    handles: dict[int, Tensor] = {}
+    tensors: list[Tensor] = []
+    reads: list[str] = []
+    for ins in instrs:
+        kind = ins[0]
+        if kind == "put":
+            t = eng.put(ins[2])
+            ex.put_leaf(t, f"h{ins[1]}")
+            handles[ins[1]] = t
+            tensors.append(t)
+        elif kind == "apply":
+            _, op, inputs, outs, nbytes, alias, cost, mut = ins
+            results = eng.apply(op, [handles[h] for h in inputs], nbytes, alias, cost, mut)
+            tensors.extend(results)
+            assert len(results) == len(outs) + len(mut)
+            for h, t in zip(outs, results, strict=False):
+                handles[h] = t
+            for j, idx in enumerate(mut):  # copy-on-write: rebind, then drop the old version
+                old = handles[inputs[idx]]
+                handles[inputs[idx]] = results[len(outs) + j]
+                eng.release(old)
+        elif kind == "release":
+            eng.release(handles.pop(ins[1]))
+        elif kind == "copy":
+            t = handles[ins[1]]
+            eng.retain(t)
+            handles[ins[2]] = t
+        else:
+            reads.append(eng.get_value(handles[ins[1]]))
+        if check:
+            check_invariants(eng, tensors)
+    for h in sorted(handles):
+        reads.append(eng.get_value(handles[h]))
+    return reads
+
+
+def reference(instrs: list[tuple]) -> tuple[list[str], Engine]:
+    """The unconstrained run, configured like the simulator's baseline."""
+    eng = Engine(math.inf, "lru", executor=SymbolicExecutor(), keep_released_leaves=False)
+    reads = run_program(instrs, eng)
+    assert eng.stats.remat_ops == 0
+    return reads, eng
+
+
+# ---------------------------------------------------------------------------------- properties
+FRACTIONS = st.sampled_from([0.0, 0.25, 0.4, 0.5, 0.6, 0.75, 0.9, 1.0, 1.25])
+
+
+def run_constrained(instrs, budget, policy, free_dead, seed=0, check=False):
+    ex = SymbolicExecutor()
+    eng = Engine(budget, policy, "fungible", ex, free_dead=free_dead, seed=seed)
+    try:
+        reads = run_program(instrs, eng, check)
+    except OutOfBudget as e:
+        assert e.needed_bytes > budget
+        assert e.needed_bytes == e.request_bytes + e.unevictable_bytes
+        assert eng.peak_bytes <= budget
+        return None, eng
+    assert eng.peak_bytes <= budget
+    return reads, eng
+
+
+def check_values(instrs, fraction, seed, check=False):
+    expected, ref = reference(instrs)
+    budget = int(ref.peak_bytes * fraction)
+    for policy in sorted(POLICIES):
+        for free_dead in (True, False):
+            reads, _eng = run_constrained(instrs, budget, policy, free_dead, seed, check)
+            if reads is not None:
+                assert reads == expected, (policy, free_dead)
+
+
+@settings(max_examples=120, suppress_health_check=[HealthCheck.too_slow])
+@given(instrs=programs(), fraction=FRACTIONS, seed=st.integers(0, 3))
+def test_any_budget_and_policy_gives_the_unconstrained_values_or_a_clean_oom(
+        instrs, fraction, seed):
+    check_values(instrs, fraction, seed)
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(instrs=programs(), fraction=FRACTIONS, seed=st.integers(0, 3))
+def test_engine_state_invariants_hold_between_commands(instrs, fraction, seed):
+    check_values(instrs, fraction, seed, check=True)
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(instrs=programs())
+def test_budget_holding_every_storage_never_evicts(instrs):
+    expected, _ = reference(instrs)
+    budget = total_fresh_bytes(instrs)
+    for policy in sorted(POLICIES):
+        reads, eng = run_constrained(instrs, budget, policy, True)
+        assert reads == expected, policy
+        assert eng.stats.evictions == 0 and eng.stats.remat_ops == 0
