@@ -10,6 +10,7 @@ import gzip
 import io
 import json
 import zipfile
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,8 @@ class Trace:
 
 
 ZIP_SEP = "::"
+# What reading a truncated or corrupt gzip stream raises.
+_CORRUPT = (EOFError, OSError, zlib.error)
 
 
 def split_source(path: str | Path) -> tuple[Path, str | None]:
@@ -86,6 +89,8 @@ def _open_text(path: str | Path, mode: str) -> IO[str]:
             raise TraceError(archive, None, "no such file")
         z = zipfile.ZipFile(archive)
         raw = z.open(resolve_member(archive, member))
+        if raw.peek(2)[:2] == b"\x1f\x8b":
+            raw = gzip.GzipFile(fileobj=raw)
         return io.TextIOWrapper(raw, encoding="utf-8")
     if mode == "r":
         if not archive.is_file():
@@ -103,14 +108,17 @@ def _open_text(path: str | Path, mode: str) -> IO[str]:
 def first_record(path: str | Path) -> dict[str, Any] | None:
     """The first JSON object of a file (plain or gzip), or None if it has none or is not JSON."""
     with _open_text(path, "r") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError:
-                    return None
-                return obj if isinstance(obj, dict) else None
-    return None
+        try:
+            line = next((raw for raw in f if raw.strip()), None)
+        except _CORRUPT as e:
+            raise TraceError(path, 1, f"truncated or corrupt file: {e}") from None
+    if line is None:
+        return None
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 # ---------------------------------------------------------------------------------- writing
@@ -181,7 +189,7 @@ def parse_event(obj: Any, path: object, line: int) -> Event:
             raise TraceError(path, line, "'out', 'bytes' and 'alias' must have equal lengths")
         if any(b < 0 for b in nbytes):
             raise TraceError(path, line, f"negative byte size in {list(nbytes)}")
-        if any(a >= len(ins) for a in alias) or any(not 0 <= m < len(ins) for m in mut):
+        if any(not -1 <= a < len(ins) for a in alias) or any(not 0 <= m < len(ins) for m in mut):
             raise TraceError(path, line, "'alias'/'mut' index out of range of 'in'")
         cost = obj.get("cost")
         if not isinstance(cost, (int, float)) or isinstance(cost, bool) or cost < 0:
@@ -210,12 +218,15 @@ def iter_trace(path: str | Path) -> tuple[dict[str, Any], Iterator[Event]]:
     f = _open_text(path, "r")
     line_no = 0
     try:
-        for raw in f:
-            line_no += 1
-            if raw.strip():
-                break
-        else:
-            raise TraceError(path, None, "empty file: no trace header")
+        try:
+            for raw in f:
+                line_no += 1
+                if raw.strip():
+                    break
+            else:
+                raise TraceError(path, None, "empty file: no trace header")
+        except _CORRUPT as e:
+            raise TraceError(path, line_no + 1, f"truncated or corrupt file: {e}") from None
         try:
             header = json.loads(raw)
         except json.JSONDecodeError as e:
@@ -240,7 +251,7 @@ def iter_trace(path: str | Path) -> tuple[dict[str, Any], Iterator[Event]]:
                     except json.JSONDecodeError as e:
                         raise TraceError(path, line, f"malformed JSON ({e.msg})") from None
                     yield parse_event(obj, path, line)
-            except (EOFError, gzip.BadGzipFile, OSError) as e:
+            except _CORRUPT as e:
                 raise TraceError(path, line + 1, f"truncated or corrupt file: {e}") from None
 
     return header, events()
