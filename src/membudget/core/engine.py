@@ -289,15 +289,7 @@ class Engine:
         s.resident = True
         if s.evicted:
             s.evicted = False
-            pool = self.pool
-            for p in s.parents:
-                p.ev_children -= 1
-                if p.slot >= 0:
-                    pool.ev_children[p.slot] = p.ev_children
-            for c in s.children:
-                c.ev_parents -= 1
-                if c.slot >= 0:
-                    pool.ev_parents[c.slot] = c.ev_parents
+            self._count_evicted(s, -1)
             self.policy.on_remat(s)
 
     def _evict(self, s: Storage) -> None:
@@ -308,18 +300,22 @@ class Engine:
         s.evicted = True
         for t in s.tensors:
             t.defined = False
-        pool = self.pool
         if s.slot >= 0:
-            pool.remove(s)
+            self.pool.remove(s)
+        self._count_evicted(s, +1)
+        self.policy.on_evict(s)
+
+    def _count_evicted(self, s: Storage, delta: int) -> None:
+        """``s`` joined (+1) or left (-1) the evicted set: update its neighbours' counts."""
+        pool = self.pool
         for p in s.parents:
-            p.ev_children += 1
+            p.ev_children += delta
             if p.slot >= 0:
                 pool.ev_children[p.slot] = p.ev_children
         for c in s.children:
-            c.ev_parents += 1
+            c.ev_parents += delta
             if c.slot >= 0:
                 pool.ev_parents[c.slot] = c.ev_parents
-        self.policy.on_evict(s)
 
     def _unreferenced(self, s: Storage) -> None:
         """The program holds no reference into ``s`` and no op is using it."""
@@ -346,10 +342,7 @@ class Engine:
             elif s.evicted:
                 self.policy.on_forget(s)
                 s.evicted = False
-                for p in s.parents:
-                    p.ev_children -= 1
-                    if p.slot >= 0:
-                        pool.ev_children[p.slot] = p.ev_children
+                self._count_evicted(s, -1)  # its children are all dead already
             s.dead = True
             self.stats.frees += 1
             for t in s.tensors:
@@ -390,10 +383,6 @@ class Engine:
                 last[s.slot] = clock
 
     # ------------------------------------------------------------------ inspection
-    def materialize(self, t: Tensor) -> None:
-        """Make ``t`` resident (recomputing it if needed) without reading it."""
-        self.get_value(t)
-
     def pin(self, t: Tensor) -> None:
         """Never evict the storage of ``t`` from now on (it is unsafe or unwanted to recompute)."""
         s = t.storage

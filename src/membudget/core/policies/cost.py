@@ -40,10 +40,9 @@ class CostPolicy(Policy):
         n = len(pool.items)
         cost = pool.cost[:n]
         denom = pool.nbytes[:n] * (clock - pool.last[:n]) if self.staleness else pool.nbytes[:n]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            lb = np.where(denom > 0, cost / denom, math.inf)
         if not (self.use_parents or self.use_children):
-            return pool.items[pool.argmin(lb)]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return pool.items[pool.argmin(np.where(denom > 0, cost / denom, math.inf))]
         if self.use_parents and self.use_children:
             has = (pool.ev_parents[:n] + pool.ev_children[:n]) > 0
         elif self.use_parents:
