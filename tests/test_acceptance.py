@@ -73,7 +73,7 @@ def test_truncated_and_malformed_lines_name_file_and_line(tmp_path):
 
 
 def test_unknown_policy_lists_the_known_ones(tmp_path):
-    with pytest.raises(UnknownNameError, match="known: dtr, dtr-eq, dtr-local, lru, msps"):
+    with pytest.raises(UnknownNameError, match="known: coop, dte, dtr, dtr-eq, dtr-local"):
         simulate(load_trace(_small_trace(tmp_path)), "nope", ratio=0.5)
 
 
@@ -99,7 +99,7 @@ def test_cli_simulate_json_import_and_errors(tmp_path):
         assert key in out
     assert out["peak_bytes"] <= out["budget_bytes"]
     bad = _cli("simulate", str(path), "--policy", "nope", "--ratio", "0.5")
-    assert bad.returncode == 2 and "known: dtr" in bad.stderr
+    assert bad.returncode == 2 and "unknown policy 'nope'" in bad.stderr
     if LOGS.is_file():
         target = tmp_path / "unet.jsonl.gz"
         conv = _cli("import", "dtr-log", f"{LOGS}::unet", "-o", str(target))

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from membudget.core import ComputePath, Engine, Executor, Storage, Tensor
-from membudget.core.policies import POLICIES
+from membudget.core.allocators import ALLOCATORS
+from membudget.core.policies import POLICIES, make_policy
 from membudget.errors import OutOfBudget
 
 
@@ -145,7 +146,14 @@ def storages_of(tensors) -> set[Storage]:
 def check_invariants(eng: Engine, tensors: list[Tensor]) -> None:
     """What the engine documents about its state between commands."""
     storages = storages_of(tensors)
-    assert eng.used_bytes == sum(s.nbytes for s in storages if s.resident)
+    alloc = eng.allocator
+    if alloc.has_layout:
+        alloc.check()
+        assert eng.used_bytes == sum(s.block.size for s in storages if s.resident and s.nbytes)
+        for s in storages:
+            assert (s.block is not None) == (s.resident and s.nbytes > 0), s
+    else:
+        assert eng.used_bytes == sum(s.nbytes for s in storages if s.resident)
     assert eng.used_bytes <= eng.budget
     for s in storages:
         assert s.locks == 0
@@ -167,6 +175,7 @@ def check_invariants(eng: Engine, tensors: list[Tensor]) -> None:
         assert eng.pool.last[i] == s.last_access
         assert eng.pool.ev_parents[i] == s.ev_parents
         assert eng.pool.ev_children[i] == s.ev_children
+        assert eng.pool.free_adj[i] == s.free_adj
 
 
 def run_program(instrs: list[tuple], eng: Engine, check: bool = False) -> list[str]:
@@ -221,13 +230,25 @@ def reference(instrs: list[tuple]) -> tuple[list[str], Engine]:
 FRACTIONS = st.sampled_from([0.0, 0.25, 0.4, 0.5, 0.6, 0.75, 0.9, 1.0, 1.25])
 
 
-def run_constrained(instrs, budget, policy, free_dead, seed=0, check=False):
+ALLOCATOR_NAMES = st.sampled_from(sorted(ALLOCATORS))
+INPLACE = st.sampled_from(["cow", "remat"])
+
+
+def policies_for(allocator: str) -> list[str]:
+    return [p for p in sorted(POLICIES)
+            if allocator != "fungible" or not make_policy(p).needs_layout]
+
+
+def run_constrained(instrs, budget, policy, free_dead, seed=0, check=False,
+                    allocator="fungible", inplace="cow"):
     ex = SymbolicExecutor()
-    eng = Engine(budget, policy, "fungible", ex, free_dead=free_dead, seed=seed)
+    eng = Engine(budget, policy, allocator, ex, free_dead=free_dead, seed=seed, inplace=inplace)
     try:
         reads = run_program(instrs, eng, check)
     except OutOfBudget as e:
-        assert e.needed_bytes > budget
+        # either the budget is too small for the bytes that could not be evicted, or (on an
+        # address-ordered pool) no single free block is large enough
+        assert e.needed_bytes > budget or e.largest_free_bytes < e.request_bytes
         assert e.needed_bytes == e.request_bytes + e.unevictable_bytes
         assert eng.peak_bytes <= budget
         return None, eng
@@ -235,35 +256,41 @@ def run_constrained(instrs, budget, policy, free_dead, seed=0, check=False):
     return reads, eng
 
 
-def check_values(instrs, fraction, seed, check=False):
+def check_values(instrs, fraction, seed, allocator, inplace, check=False):
     expected, ref = reference(instrs)
     budget = int(ref.peak_bytes * fraction)
-    for policy in sorted(POLICIES):
+    for policy in policies_for(allocator):
         for free_dead in (True, False):
-            reads, _eng = run_constrained(instrs, budget, policy, free_dead, seed, check)
+            reads, _eng = run_constrained(instrs, budget, policy, free_dead, seed, check,
+                                          allocator, inplace)
             if reads is not None:
                 assert reads == expected, (policy, free_dead)
 
 
 @settings(max_examples=120, suppress_health_check=[HealthCheck.too_slow])
-@given(instrs=programs(), fraction=FRACTIONS, seed=st.integers(0, 3))
+@given(instrs=programs(), fraction=FRACTIONS, seed=st.integers(0, 3),
+       allocator=ALLOCATOR_NAMES, inplace=INPLACE)
 def test_any_budget_and_policy_gives_the_unconstrained_values_or_a_clean_oom(
-        instrs, fraction, seed):
-    check_values(instrs, fraction, seed)
+        instrs, fraction, seed, allocator, inplace):
+    check_values(instrs, fraction, seed, allocator, inplace)
+
+
+@settings(max_examples=80, suppress_health_check=[HealthCheck.too_slow])
+@given(instrs=programs(), fraction=FRACTIONS, seed=st.integers(0, 3),
+       allocator=ALLOCATOR_NAMES, inplace=INPLACE)
+def test_engine_state_invariants_hold_between_commands(instrs, fraction, seed, allocator,
+                                                       inplace):
+    check_values(instrs, fraction, seed, allocator, inplace, check=True)
 
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
-@given(instrs=programs(), fraction=FRACTIONS, seed=st.integers(0, 3))
-def test_engine_state_invariants_hold_between_commands(instrs, fraction, seed):
-    check_values(instrs, fraction, seed, check=True)
-
-
-@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
-@given(instrs=programs())
-def test_budget_holding_every_storage_never_evicts(instrs):
+@given(instrs=programs(), allocator=st.sampled_from(["fungible", "best-fit", "two-sided"]))
+def test_budget_holding_every_storage_never_evicts(instrs, allocator):
+    """Without frees for good every byte ever allocated fits; best fit never fragments
+    such a pool (the hole every placement comes from only shrinks by what it holds)."""
     expected, _ = reference(instrs)
     budget = total_fresh_bytes(instrs)
-    for policy in sorted(POLICIES):
-        reads, eng = run_constrained(instrs, budget, policy, True)
+    for policy in policies_for(allocator):
+        reads, eng = run_constrained(instrs, budget, policy, True, allocator=allocator)
         assert reads == expected, policy
         assert eng.stats.evictions == 0 and eng.stats.remat_ops == 0

@@ -38,6 +38,16 @@ def _limit(value: float) -> float | None:
     return None if value == float("inf") else value
 
 
+def _ratio(value: float | None) -> str:
+    return "none" if value is None else f"{value:.2f}"
+
+
+ALLOCATOR_HELP = ("Memory pool: fungible, best-fit, two-sided or torch-caching (default: the "
+                  "policy's own; coop: two-sided, dte/megengine: best-fit, else fungible).")
+INPLACE_HELP = ("In-place writes: cow (copy-on-write) or remat (recomputable in-place; "
+                "default for coop).")
+
+
 @import_app.command("dtr-log")
 def import_dtr_log(
     log: Annotated[str, typer.Argument(help="A DTR simulator log (or archive.zip::member).")],
@@ -57,6 +67,8 @@ def simulate(
     trace: Annotated[str, typer.Argument(help="A membudget trace or a DTR log "
                                               "(archive.zip::member reads inside a zip).")],
     policy: Annotated[str, typer.Option(help="Eviction policy.")] = "dtr-eq",
+    allocator: Annotated[str | None, typer.Option(help=ALLOCATOR_HELP)] = None,
+    inplace: Annotated[str | None, typer.Option(help=INPLACE_HELP)] = None,
     ratio: Annotated[float | None, typer.Option(help="Budget as a fraction of the "
                                                      "unconstrained peak.")] = None,
     budget: Annotated[str | None, typer.Option(help="Budget in bytes (units allowed: "
@@ -66,11 +78,15 @@ def simulate(
     overhead_limit: Annotated[float, typer.Option(help="Give up ('thrashed') once executed "
                                                        "cost exceeds this × baseline; inf "
                                                        "disables.")] = 2.0,
-    seed: Annotated[int, typer.Option(help="Seed of the random policy.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the randomized policies.")] = 0,
+    min_budget: Annotated[bool, typer.Option("--min-budget", help="Also bisect the minimum "
+                                             "and the cutoff budget ratio (to 1%).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Replay TRACE under a budget with one policy and report what it cost."""
     from membudget.sim import simulate as run
+    from membudget.sim.budgets import budget_limits
+    from membudget.sim.simulate import measure_baseline
     from membudget.trace import load_trace
 
     if (ratio is None) == (budget is None):
@@ -79,13 +95,27 @@ def simulate(
         nbytes = None if budget is None else parse_bytes(budget)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
-    result = run(load_trace(trace), policy, ratio=ratio, budget=nbytes, semantics=semantics,
-                 overhead_limit=_limit(overhead_limit), seed=seed)
+    tr = load_trace(trace)
+    base = measure_baseline(tr)
+    result = run(tr, policy, ratio=ratio, budget=nbytes, semantics=semantics,
+                 overhead_limit=_limit(overhead_limit), seed=seed, allocator=allocator,
+                 inplace=inplace, baseline=base)
+    limits = None
+    if min_budget:
+        with err.status("bisecting the minimum and cutoff budgets"):
+            limits = budget_limits(tr, policy, allocator=allocator, inplace=inplace,
+                                   semantics=semantics, overhead_limit=_limit(overhead_limit),
+                                   baseline=base, seed=seed)
     if as_json:
-        print(json.dumps(result.to_json()))
+        obj = result.to_json()
+        if limits is not None:
+            obj["budget_limits"] = limits.to_json()
+        print(json.dumps(obj))
         return
     s = result.search_us
-    out.print(f"[bold]{result.trace}[/] · {policy} · {semantics} semantics")
+    f = result.fragmentation
+    out.print(f"[bold]{result.trace}[/] · {policy} on {result.allocator}, in-place "
+              f"{result.inplace} · {semantics} semantics")
     out.print(f"status        {result.status}" + (f" — {result.message}" if result.message
                                                  else ""))
     out.print(f"budget        {format_bytes(result.budget_bytes)} "
@@ -97,7 +127,12 @@ def simulate(
               f"remat ops {result.remat_ops}")
     out.print(f"search        p50 {s['p50']:.1f} µs, p99 {s['p99']:.1f} µs, max {s['max']:.1f} "
               f"µs over {s.get('count', 0)} failed allocations")
+    out.print(f"fragmentation mean {100 * f['mean']:.1f}%, max {100 * f['max']:.1f}% of the pool "
+              "free at failed allocations")
     out.print(f"replay        {result.wall_s:.2f} s, {result.ops_per_s:,.0f} ops/s")
+    if limits is not None:
+        out.print(f"min budget    {_ratio(limits.minimum)} · cutoff {_ratio(limits.cutoff)} "
+                  f"(bisection to {limits.tolerance:g}, {limits.runs} runs)")
     if result.status != "ok":
         raise typer.Exit(1)
 
@@ -106,29 +141,47 @@ def simulate(
 def sweep(
     traces: Annotated[list[str], typer.Argument(help="Traces or DTR logs; a .zip stands for "
                                                      "all its logs.")],
-    policies: Annotated[str, typer.Option(help="Comma-separated policies.")] =
+    policies: Annotated[str, typer.Option(help="Comma-separated methods: policy[@allocator]"
+                                               "[+inplace], or coop-no-partition, coop-cow, "
+                                               "coop-no-window.")] =
         "dtr,dtr-eq,msps,lru,size",
+    allocator: Annotated[str | None, typer.Option(help=ALLOCATOR_HELP)] = None,
+    inplace: Annotated[str | None, typer.Option(help=INPLACE_HELP)] = None,
     ratios: Annotated[str, typer.Option(help="Comma-separated budget ratios.")] =
         "0.9,0.7,0.5,0.4,0.3,0.2",
     semantics: Annotated[str, typer.Option(help="membudget or simrd.")] = "membudget",
     overhead_limit: Annotated[float, typer.Option(help="Thrash limit (× baseline cost).")] = 2.0,
     workers: Annotated[int, typer.Option(help="Processes (default: all cores).")] = 0,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG of overhead vs ratio.")] = None,
+    min_budget: Annotated[bool, typer.Option("--min-budget", help="Also bisect each method's "
+                                             "minimum and cutoff budget.")] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write all results as "
                                                                  "JSON.")] = None,
 ) -> None:
-    """Simulate several policies at several budget ratios on several traces."""
-    from membudget.bench.report import overhead_table
+    """Simulate several methods at several budget ratios on several traces."""
+    from membudget.bench.report import limits_table, metrics_table, overhead_table
+    from membudget.bench.sweep import limits as bisect
     from membudget.bench.sweep import sweep as run
+    from membudget.sim.method import Method
     from membudget.trace import expand_sources
 
-    results = run(expand_sources(traces), _names(policies), _floats(ratios, "--ratios"),
-                  semantics=semantics, overhead_limit=_limit(overhead_limit),
-                  workers=workers or None, console=err)
+    methods = [Method.parse(m, allocator, inplace) for m in _names(policies)]
+    sources = expand_sources(traces)
+    results = run(sources, methods, _floats(ratios, "--ratios"), semantics=semantics,
+                  overhead_limit=_limit(overhead_limit), workers=workers or None, console=err)
     out.print(overhead_table(results))
+    out.print(metrics_table(results))
+    found = []
+    if min_budget:
+        found = bisect(sources, methods, semantics=semantics,
+                       overhead_limit=_limit(overhead_limit), workers=workers or None,
+                       console=err)
+        out.print(limits_table(found))
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps([r.to_json() for r in results], indent=1))
+        json_out.write_text(json.dumps({"runs": [r.to_json() for r in results],
+                                        "budget_limits": [b.to_json() for b in found]},
+                                       indent=1))
         err.print(f"wrote {json_out}")
     if plot:
         from membudget.bench.plot import plot_overhead

@@ -25,17 +25,28 @@ class OutOfBudget(MembudgetError, MemoryError):
     """
 
     def __init__(self, *, op: object, request_bytes: int, unevictable_bytes: int,
-                 budget_bytes: float) -> None:
+                 budget_bytes: float, largest_free_bytes: float | None = None) -> None:
         self.op = op
         self.request_bytes = request_bytes
         self.unevictable_bytes = unevictable_bytes
         self.needed_bytes = request_bytes + unevictable_bytes
         self.budget_bytes = budget_bytes
-        super().__init__(
-            f"out of budget running {op!r}: it needs {request_bytes:,} B more while "
-            f"{unevictable_bytes:,} B are pinned or locked, so at least {self.needed_bytes:,} B "
-            f"in all, but the budget is {int(budget_bytes):,} B; raise the budget to at least "
-            f"{self.needed_bytes:,} B")
+        self.largest_free_bytes = (budget_bytes - unevictable_bytes
+                                   if largest_free_bytes is None else largest_free_bytes)
+        if self.needed_bytes > budget_bytes:
+            why = (f"it needs {request_bytes:,} B more while {unevictable_bytes:,} B are pinned "
+                   f"or locked, so at least {self.needed_bytes:,} B in all, but the budget is "
+                   f"{int(budget_bytes):,} B; raise the budget to at least "
+                   f"{self.needed_bytes:,} B")
+        else:
+            why = (f"it needs one free block of {request_bytes:,} B, but with the "
+                   f"{unevictable_bytes:,} B of pinned or locked blocks in place the largest block "
+                   f"the {int(budget_bytes):,} B pool can give is "
+                   f"{int(self.largest_free_bytes):,} B (fragmentation, or the allocator's "
+                   "segment sizes); raise the budget (`membudget simulate --min-budget` finds "
+                   "the least that works) or use a pool that keeps pinned blocks together "
+                   "(two-sided)")
+        super().__init__(f"out of budget running {op!r}: {why}")
 
 
 class Thrashed(MembudgetError):

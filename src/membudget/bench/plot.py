@@ -18,7 +18,7 @@ def plot_overhead(results: Sequence[SimResult], path: str | Path, title: str = "
     import matplotlib.pyplot as plt
 
     traces = list(dict.fromkeys(r.trace for r in results))
-    policies = list(dict.fromkeys(r.policy for r in results))
+    policies = list(dict.fromkeys(r.method for r in results))
     cols = min(4, len(traces))
     rows = math.ceil(len(traces) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.8 * rows + 0.9), squeeze=False)
@@ -26,7 +26,7 @@ def plot_overhead(results: Sequence[SimResult], path: str | Path, title: str = "
     for ax, trace in zip(axes.flat, traces, strict=False):
         top = 1.0
         for k, policy in enumerate(policies):
-            runs = sorted((r for r in results if r.trace == trace and r.policy == policy),
+            runs = sorted((r for r in results if r.trace == trace and r.method == policy),
                           key=lambda r: r.ratio or 0)
             ok = [r for r in runs if r.status == "ok"]
             top = max([top, *(1 + r.overhead for r in ok)])
@@ -37,7 +37,7 @@ def plot_overhead(results: Sequence[SimResult], path: str | Path, title: str = "
         ymax = top + step * (len(policies) + 1)
         for k, policy in enumerate(policies):
             failed = [r.ratio for r in results
-                      if r.trace == trace and r.policy == policy and r.status != "ok"]
+                      if r.trace == trace and r.method == policy and r.status != "ok"]
             ax.plot(failed, [top + step * (k + 1)] * len(failed), "x", ms=4,
                     color=colors(k % 10))
         ax.set_title(trace, fontsize=10)

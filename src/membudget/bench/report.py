@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
+from membudget.sim.budgets import BudgetLimits
 from membudget.sim.simulate import SimResult
 
 
@@ -21,7 +22,7 @@ def _grid(results: Sequence[SimResult]) -> tuple[list[float], dict[tuple[str, st
     ratios = sorted({r.ratio for r in results if r.ratio is not None}, reverse=True)
     rows: dict[tuple[str, str], dict[float, SimResult]] = {}
     for r in results:
-        rows.setdefault((r.trace, r.policy), {})[r.ratio] = r
+        rows.setdefault((r.trace, r.method), {})[r.ratio] = r
     return ratios, rows
 
 
@@ -49,4 +50,74 @@ def overhead_markdown(results: Sequence[SimResult]) -> str:
     for (trace, policy), by_ratio in rows.items():
         cells = (cell(by_ratio[q]) if q in by_ratio else "" for q in ratios)
         lines.append(f"| {trace} | {policy} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _median(xs: Sequence[float]) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return 0.0
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def metric_rows(results: Sequence[SimResult]) -> list[tuple[str, str, str, str, str, str]]:
+    """Per (trace, method), over its runs that had failed allocations: mean and max
+    fragmentation, median p50 and worst p99 search latency, and the runs completed."""
+    groups: dict[tuple[str, str], list[SimResult]] = {}
+    for r in results:
+        groups.setdefault((r.trace, r.method), []).append(r)
+    rows = []
+    for (trace, method), runs in groups.items():
+        searched = [r for r in runs if r.fragmentation["count"]]
+        frag_mean = _median([r.fragmentation["mean"] for r in searched])
+        frag_max = max((r.fragmentation["max"] for r in searched), default=0.0)
+        p50 = _median([r.search_us["p50"] for r in searched])
+        p99 = max((r.search_us["p99"] for r in searched), default=0.0)
+        done = sum(r.status == "ok" for r in runs)
+        rows.append((trace, method, f"{100 * frag_mean:.1f}%", f"{100 * frag_max:.1f}%",
+                     f"{p50:.1f} / {p99:.0f}", f"{done}/{len(runs)}"))
+    return rows
+
+
+METRIC_HEAD = ("trace", "method", "frag. mean", "frag. max", "search p50 / p99 µs",
+               "completed")
+
+
+def metrics_table(results: Sequence[SimResult], title: str = "") -> Table:
+    """Fragmentation and search latency per (trace, method)."""
+    table = Table(title=title or "fragmentation (free / pool bytes at failed allocations; "
+                                 "median over runs of the mean, and max) and search latency")
+    for i, h in enumerate(METRIC_HEAD):
+        table.add_column(h, justify="right" if i > 1 else "left")
+    for row in metric_rows(results):
+        table.add_row(*row)
+    return table
+
+
+def metrics_markdown(results: Sequence[SimResult]) -> str:
+    lines = ["| " + " | ".join(METRIC_HEAD) + " |", "|---|---|" + "---:|" * 4]
+    lines += ["| " + " | ".join(row) + " |" for row in metric_rows(results)]
+    return "\n".join(lines)
+
+
+def _limit_cell(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+def limits_table(found: Sequence[BudgetLimits], title: str = "") -> Table:
+    """Minimum budget (smallest ratio that completes) and cutoff (largest with an eviction)."""
+    table = Table(title=title or "minimum and cutoff budget ratio (bisection)")
+    for h in ("trace", "method", "minimum", "cutoff", "runs"):
+        table.add_column(h, justify="left" if h in ("trace", "method") else "right")
+    for b in found:
+        table.add_row(b.trace, b.method, _limit_cell(b.minimum), _limit_cell(b.cutoff),
+                      str(b.runs))
+    return table
+
+
+def limits_markdown(found: Sequence[BudgetLimits]) -> str:
+    lines = ["| trace | method | minimum | cutoff |", "|---|---|---:|---:|"]
+    lines += [f"| {b.trace} | {b.method} | {_limit_cell(b.minimum)} | {_limit_cell(b.cutoff)} |"
+              for b in found]
     return "\n".join(lines)

@@ -1,21 +1,23 @@
-"""Sweeps: many (trace, policy, ratio) simulations on all cores, with a progress bar."""
+"""Sweeps: many (trace, method, ratio) simulations on all cores, with a progress bar."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from membudget.core.policies import make_policy
+from membudget.sim.budgets import BudgetLimits, budget_limits
+from membudget.sim.method import Method
 from membudget.sim.simulate import (
     DEFAULT_OVERHEAD_LIMIT,
     Baseline,
     SimResult,
+    check_config,
     measure_baseline,
     simulate,
 )
@@ -25,13 +27,8 @@ from membudget.trace.format import Trace
 DEFAULT_POLICIES = ("dtr", "dtr-eq", "msps", "lru", "size")
 DEFAULT_RATIOS = (0.9, 0.7, 0.5, 0.4, 0.3, 0.2)
 
-
-@dataclass(frozen=True)
-class Job:
-    trace: int  # index into the sweep's traces
-    policy: str
-    ratio: float
-
+J = TypeVar("J", bound=tuple)
+R = TypeVar("R")
 
 _TRACES: list[Trace] = []
 _BASELINES: list[Baseline] = []
@@ -42,32 +39,43 @@ def _init(traces: list[Trace], baselines: list[Baseline]) -> None:
     _TRACES, _BASELINES = traces, baselines
 
 
-def _run(job: Job, semantics: str, overhead_limit: float | None, seed: int) -> SimResult:
-    return simulate(_TRACES[job.trace], job.policy, ratio=job.ratio, semantics=semantics,
-                    overhead_limit=overhead_limit, baseline=_BASELINES[job.trace], seed=seed)
+def _simulate(job: tuple[int, Method, float], opts: dict[str, Any]) -> SimResult:
+    i, m, ratio = job
+    r = simulate(_TRACES[i], m.policy, ratio=ratio, baseline=_BASELINES[i],
+                 allocator=m.allocator, inplace=m.inplace, **opts)
+    r.method = m.name
+    return r
 
 
-def sweep(traces: Sequence[Trace | str], policies: Sequence[str] = DEFAULT_POLICIES,
-          ratios: Sequence[float] = DEFAULT_RATIOS, *, semantics: str = "membudget",
-          overhead_limit: float | None = DEFAULT_OVERHEAD_LIMIT, workers: int | None = None,
-          seed: int = 0, console: Console | None = None,
-          progress: bool = True) -> list[SimResult]:
-    """Simulate every policy at every ratio on every trace; results in (trace, policy, ratio)
-    order. Traces are loaded once; ``workers`` processes (default: all cores) share them."""
-    for p in policies:
-        make_policy(p)  # unknown names fail before any work
-    for r in ratios:
-        if not r > 0:
-            raise ValueError(f"ratios must be > 0, got {r}")
-    console = console or Console(stderr=True)
+def _limits(job: tuple[int, Method], opts: dict[str, Any]) -> BudgetLimits:
+    i, m = job
+    return budget_limits(_TRACES[i], m.policy, allocator=m.allocator, inplace=m.inplace,
+                         baseline=_BASELINES[i], method=m.name, **opts)
+
+
+def _methods(methods: Sequence[Method | str], semantics: str) -> list[Method]:
+    out = [m if isinstance(m, Method) else Method.parse(m) for m in methods]
+    for m in out:  # bad names and combinations fail before any work
+        check_config(m.policy, m.allocator, m.inplace, semantics)
+    return out
+
+
+def _load(traces: Sequence[Trace | str]) -> tuple[list[Trace], list[Baseline]]:
     loaded = [t if isinstance(t, Trace) else load_trace(t) for t in traces]
-    baselines = [measure_baseline(t) for t in loaded]
-    jobs = [Job(i, p, r) for i in range(len(loaded)) for p in policies for r in ratios]
-    # Longest first (big traces, small ratios) so the cores finish together.
-    order = sorted(jobs, key=lambda j: (-len(loaded[j.trace].events), j.ratio))
+    return loaded, [measure_baseline(t) for t in loaded]
+
+
+def _parallel(fn: Callable[[J, dict[str, Any]], R], jobs: list[J], opts: dict[str, Any],
+              loaded: list[Trace], baselines: list[Baseline], workers: int | None,
+              console: Console | None, progress: bool, what: str,
+              describe: Callable[[J], str]) -> dict[J, R]:
+    """Run ``fn(job, opts)`` for every job on ``workers`` processes that share the traces;
+    the longest traces go first so the cores finish together."""
+    console = console or Console(stderr=True)
+    order = sorted(jobs, key=lambda j: -len(loaded[j[0]].events))
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
-    results: dict[Job, SimResult] = {}
-    bar = Progress(TextColumn("[bold]sweep[/]"), BarColumn(), MofNCompleteColumn(),
+    results: dict[J, R] = {}
+    bar = Progress(TextColumn(f"[bold]{what}[/]"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), TextColumn("{task.description}"), console=console,
                    disable=not progress, transient=False)
     with bar:
@@ -75,20 +83,51 @@ def sweep(traces: Sequence[Trace | str], policies: Sequence[str] = DEFAULT_POLIC
         if workers == 1:
             _init(loaded, baselines)
             for job in order:
-                results[job] = _run(job, semantics, overhead_limit, seed)
-                bar.update(task, advance=1, description=_describe(loaded, job))
+                results[job] = fn(job, opts)
+                bar.update(task, advance=1, description=describe(job))
         else:
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
             with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,
                                      initargs=(loaded, baselines)) as pool:
-                futures = {pool.submit(_run, job, semantics, overhead_limit, seed): job
-                           for job in order}
+                futures = {pool.submit(fn, job, opts): job for job in order}
                 for fut in as_completed(futures):
                     job = futures[fut]
                     results[job] = fut.result()
-                    bar.update(task, advance=1, description=_describe(loaded, job))
+                    bar.update(task, advance=1, description=describe(job))
+    return results
+
+
+def sweep(traces: Sequence[Trace | str], methods: Sequence[Method | str] = DEFAULT_POLICIES,
+          ratios: Sequence[float] = DEFAULT_RATIOS, *, semantics: str = "membudget",
+          overhead_limit: float | None = DEFAULT_OVERHEAD_LIMIT, workers: int | None = None,
+          seed: int = 0, console: Console | None = None,
+          progress: bool = True) -> list[SimResult]:
+    """Simulate every method (a policy name, ``policy@allocator+inplace`` or a
+    :class:`Method`) at every ratio on every trace; results in (trace, method, ratio)
+    order. Traces are loaded once; ``workers`` processes (default: all cores) share them."""
+    ms = _methods(methods, semantics)
+    for r in ratios:
+        if not r > 0:
+            raise ValueError(f"ratios must be > 0, got {r}")
+    loaded, baselines = _load(traces)
+    jobs = [(i, m, r) for i in range(len(loaded)) for m in ms for r in ratios]
+    opts = {"semantics": semantics, "overhead_limit": overhead_limit, "seed": seed}
+    results = _parallel(_simulate, jobs, opts, loaded, baselines, workers, console, progress,
+                        "sweep", lambda j: f"{loaded[j[0]].name} {j[1].name} @ {j[2]:g}")
     return [results[j] for j in jobs]
 
 
-def _describe(traces: list[Trace], job: Job) -> str:
-    return f"{traces[job.trace].name} {job.policy} @ {job.ratio:g}"
+def limits(traces: Sequence[Trace | str], methods: Sequence[Method | str] = DEFAULT_POLICIES,
+           *, semantics: str = "membudget",
+           overhead_limit: float | None = DEFAULT_OVERHEAD_LIMIT, tolerance: float = 0.01,
+           workers: int | None = None, seed: int = 0, console: Console | None = None,
+           progress: bool = True) -> list[BudgetLimits]:
+    """The minimum and cutoff budget of every method on every trace, by bisection."""
+    ms = _methods(methods, semantics)
+    loaded, baselines = _load(traces)
+    jobs = [(i, m) for i in range(len(loaded)) for m in ms]
+    opts = {"semantics": semantics, "overhead_limit": overhead_limit, "seed": seed,
+            "tolerance": tolerance}
+    results = _parallel(_limits, jobs, opts, loaded, baselines, workers, console, progress,
+                        "bisect", lambda j: f"{loaded[j[0]].name} {j[1].name}")
+    return [results[j] for j in jobs]

@@ -20,6 +20,8 @@ from membudget.core.records import ComputePath, Storage, Tensor
 from membudget.core.stats import Stats
 from membudget.errors import EngineError, OutOfBudget, Thrashed
 
+INPLACE_MODES = ("cow", "remat")
+
 
 class Engine:
     """Runs a program's ops under ``budget`` bytes, recomputing evicted values on demand.
@@ -30,15 +32,36 @@ class Engine:
     reference, no live dependent); simrd's accounting instead keeps it in the graph as an
     evicted node, and keeps released pinned storages resident. ``keep_released_leaves=False``
     drops released leaves too (only sound without a budget: the baseline run).
+
+    ``allocator`` and ``inplace`` default to what the policy's method was published with
+    (coop: the two-sided pool and recomputable in-place; dte and megengine: best fit; the
+    DTR family: the fungible pool and copy-on-write).
+
+    ``inplace`` says what an op that mutates an input does with memory. "cow" (copy-on-write)
+    gives the new version a fresh block and leaves the old value where it was. "remat"
+    (Coop's recomputable in-place) lets the new version take the old value's block and turns
+    the old value into an evicted version, recomputable from its history; when the old value
+    cannot be recomputed (a leaf) and something may still need it, that op falls back to
+    copy-on-write, since correctness beats memory.
     """
 
     def __init__(self, budget: float, policy: Policy | str = "dtr-eq",
-                 allocator: Allocator | str = "fungible", executor: Executor | None = None,
+                 allocator: Allocator | str | None = None, executor: Executor | None = None,
                  *, remat_cost_limit: float = math.inf, free_dead: bool = True,
-                 keep_released_leaves: bool = True, seed: int = 0) -> None:
+                 keep_released_leaves: bool = True, inplace: str | None = None,
+                 seed: int = 0) -> None:
+        self.policy = make_policy(policy, seed=seed) if isinstance(policy, str) else policy
+        allocator = allocator or self.policy.default_allocator
         self.allocator = (make_allocator(allocator, budget) if isinstance(allocator, str)
                           else allocator)
-        self.policy = make_policy(policy, seed=seed) if isinstance(policy, str) else policy
+        if self.policy.needs_layout and not self.allocator.has_layout:
+            raise EngineError(f"policy {self.policy.name!r} reads the address layout, which the "
+                              f"{self.allocator.name!r} allocator does not have; use best-fit, "
+                              "two-sided or torch-caching")
+        inplace = inplace or self.policy.default_inplace
+        if inplace not in INPLACE_MODES:
+            raise EngineError(f"unknown in-place mode {inplace!r}; known: "
+                              f"{', '.join(INPLACE_MODES)}")
         self.executor = executor if executor is not None else SimulatedExecutor()
         self.pool = CandidatePool()
         self.stats = Stats()
@@ -46,7 +69,10 @@ class Engine:
         self.remat_cost_limit = remat_cost_limit
         self.free_dead = free_dead
         self.keep_released_leaves = keep_released_leaves
+        self.inplace = inplace
+        self.output_kind = "activation"  # kind given to new storages (the replay sets phases)
         self._ids = 0
+        self.allocator.pool = self.pool
         self.policy.attach(self)
 
     # ------------------------------------------------------------------ properties
@@ -89,29 +115,35 @@ class Engine:
 
         ``out_alias[i]`` is the index of the input whose storage output ``i`` shares (a view,
         0 bytes of its own) or -1 for a fresh storage of ``out_bytes[i]``. Each index in
-        ``mutated`` names an input the op writes; it is handled by copy-on-write: a new
-        version of that input (a fresh storage of the same size) is appended to the outputs,
-        and the caller rebinds its handle and releases the old version.
+        ``mutated`` names an input the op writes: a new version of that input (a storage of
+        the same size, kind and pinning) is appended to the outputs, and the caller rebinds
+        its handle and releases the old version. Where the new version's bytes live depends
+        on the engine's ``inplace`` mode.
         """
         for t in inputs:
             if t.storage.dead:
                 raise EngineError(f"{op!r} reads {t!r}, which was freed for good")
         path = ComputePath(self._next_id(), op, inputs, float(cost))
+        path.mutated = tuple(mutated)
         if out_alias is None:
             out_alias = [-1] * len(out_bytes)
         if len(out_alias) != len(out_bytes):
             raise EngineError(f"{op!r}: {len(out_bytes)} output sizes but "
                               f"{len(out_alias)} alias entries")
-        specs = list(zip(out_bytes, out_alias, strict=True))
+        kind = self.output_kind
+        specs = [(nbytes, alias, kind, False) for nbytes, alias in zip(out_bytes, out_alias,
+                                                                         strict=True)]
         for i in mutated:
-            specs.append((inputs[i].storage.nbytes, -1))
+            old = inputs[i].storage
+            specs.append((old.nbytes, -1, old.kind, old.pinned))
         outputs = path.outputs
-        for nbytes, alias in specs:
+        for nbytes, alias, kind, pinned in specs:
             if alias >= 0:
                 s = inputs[alias].storage
                 t = Tensor(self._next_id(), s, path, alias=True)
             else:
-                s = Storage(self._next_id(), int(nbytes))
+                s = Storage(self._next_id(), int(nbytes), kind)
+                s.pinned = pinned
                 s.last_access = self.clock
                 t = Tensor(self._next_id(), s, path, alias=False)
             s.tensors.append(t)
@@ -157,6 +189,8 @@ class Engine:
             s.cost += path.cost
             if s.slot >= 0:
                 self.pool.cost[s.slot] = s.cost
+            if s.pinned:  # never recomputed: its history must not keep its inputs alive
+                continue
             for p in in_storages:
                 if p is s or p in s.parents:
                     continue
@@ -217,10 +251,12 @@ class Engine:
 
         An output that is still resident, or dead, is produced again all the same, so its
         bytes are held by a temporary duplicate while the op runs (as a real recompute would).
+        With recomputable in-place, a new version takes its old value's block (see ``apply``).
         """
         placed: list[Storage] = []
         duplicates: list[Storage] = []
         alloc = self.allocator
+        reused = self._inplace_sources(p) if p.mutated and not remat else {}
         try:
             for t in p.outputs:
                 if t.alias:
@@ -231,11 +267,17 @@ class Engine:
                     self._allocate(dup, p.op)
                     duplicates.append(dup)
                     continue
-                self._allocate(s, p.op)
+                old = reused.get(s)
+                if old is None:
+                    self._allocate(s, p.op)
+                else:
+                    alloc.transfer(old, s)
                 self._placed(s)
                 s.locks += 1
                 placed.append(s)
             cost = self.executor.run(p, remat)
+            for old in reused.values():  # its bytes now hold the new version
+                self._evict(old, freed=False)
         finally:
             for dup in duplicates:
                 alloc.free(dup)
@@ -261,6 +303,28 @@ class Engine:
                 if s.slot >= 0:
                     last[s.slot] = clock
 
+    def _inplace_sources(self, p: ComputePath) -> dict[Storage, Storage]:
+        """New version -> old value, for the writes of ``p`` whose new version may take the
+        old value's block: in "remat" mode, when the old value is recomputable, or when
+        nothing (no dependent, no other reference) can need it any more."""
+        if self.inplace != "remat":
+            return {}
+        first = len(p.outputs) - len(p.mutated)
+        out: dict[Storage, Storage] = {}
+        for j, i in enumerate(p.mutated):
+            old = p.inputs[i].storage
+            new = p.outputs[first + j].storage
+            if not old.resident or old in out.values():
+                continue
+            recomputable = not old.pinned and old.tensors[0].producer is not None
+            unneeded = not (old.children - {new}) and old.ext_refs <= 1
+            if recomputable or unneeded:
+                out[new] = old
+                self.stats.inplace_reuses += 1
+            else:
+                self.stats.inplace_copies += 1
+        return out
+
     # ------------------------------------------------------------------ memory
     def _allocate(self, s: Storage, op: object) -> None:
         """Place ``s``, evicting storages chosen by the policy until it fits."""
@@ -268,33 +332,41 @@ class Engine:
         if alloc.allocate(s):
             return
         pool = self.pool
-        choose = self.policy.choose
+        victims = self.policy.victims
         searched = 0
-        self.stats.failed_allocations += 1
+        st = self.stats
+        st.failed_allocations += 1
+        if alloc.capacity:
+            st.fragmentation.append(alloc.free_bytes / alloc.capacity)
         while True:
             if not pool.items:
-                raise OutOfBudget(op=op, request_bytes=s.nbytes, unevictable_bytes=alloc.used,
-                                  budget_bytes=alloc.capacity)
+                raise OutOfBudget(op=op, request_bytes=alloc.block_bytes(s.nbytes),
+                                  unevictable_bytes=alloc.used, budget_bytes=alloc.capacity,
+                                  largest_free_bytes=alloc.largest_free_block())
             t0 = perf_counter_ns()
-            victim = choose(pool, self.clock)
+            chosen = victims(pool, self.clock, s)
             searched += perf_counter_ns() - t0
-            self._evict(victim)
-            self.stats.evictions += 1
+            for victim in chosen:
+                self._evict(victim)
+            st.evictions += len(chosen)
             if alloc.allocate(s):
                 break
-        self.stats.search_ns.append(searched)
+        st.search_ns.append(searched)
 
     def _placed(self, s: Storage) -> None:
         """``s`` now holds its bytes: if it was evicted, it is back in the graph's resident set."""
         s.resident = True
         if s.evicted:
             s.evicted = False
+            s.remats += 1
             self._count_evicted(s, -1)
             self.policy.on_remat(s)
 
-    def _evict(self, s: Storage) -> None:
-        """Drop the bytes of ``s`` but keep its history so it can be recomputed."""
-        self.allocator.free(s)
+    def _evict(self, s: Storage, freed: bool = True) -> None:
+        """Drop the bytes of ``s`` but keep its history so it can be recomputed
+        (``freed=False``: its bytes were handed to a new version instead)."""
+        if freed:
+            self.allocator.free(s)
         self.executor.drop(s)
         s.resident = False
         s.evicted = True

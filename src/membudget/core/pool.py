@@ -15,8 +15,10 @@ from membudget.core.records import Storage
 class CandidatePool:
     """Array-backed set of evictable storages: slot i holds ``items[i]``."""
 
-    __slots__ = ("_added", "bound", "bound_epoch", "cost", "ev_children", "ev_parents", "items",
-                 "last", "nbytes", "seq")
+    __slots__ = ("_added", "bound", "bound_epoch", "cost", "ev_children", "ev_parents",
+                 "free_adj", "items", "last", "nbytes", "remats", "seq")
+    _ARRAYS = ("cost", "nbytes", "last", "ev_parents", "ev_children", "free_adj", "remats", "seq",
+               "bound")
 
     def __init__(self, capacity: int = 1024) -> None:
         self.items: list[Storage] = []
@@ -25,6 +27,8 @@ class CandidatePool:
         self.last = np.zeros(capacity)
         self.ev_parents = np.zeros(capacity)
         self.ev_children = np.zeros(capacity)
+        self.free_adj = np.zeros(capacity)  # free bytes around the block (layout-aware pools)
+        self.remats = np.zeros(capacity)
         self.seq = np.zeros(capacity)  # order of entry: ties go to the latest (as in simrd)
         self._added = 0
         # A policy's cached lower bound of each candidate's neighbourhood cost, valid while
@@ -40,7 +44,7 @@ class CandidatePool:
 
     def _grow(self) -> None:
         size = 2 * self.cost.shape[0]
-        for name in ("cost", "nbytes", "last", "ev_parents", "ev_children", "seq", "bound"):
+        for name in self._ARRAYS:
             old = getattr(self, name)
             new = np.zeros(size)
             new[: old.shape[0]] = old
@@ -57,6 +61,8 @@ class CandidatePool:
         self.last[i] = s.last_access
         self.ev_parents[i] = s.ev_parents
         self.ev_children[i] = s.ev_children
+        self.free_adj[i] = s.free_adj
+        self.remats[i] = s.remats
         self._added += 1
         self.seq[i] = self._added
         self.bound[i] = 0.0
@@ -74,6 +80,8 @@ class CandidatePool:
             self.last[i] = self.last[j]
             self.ev_parents[i] = self.ev_parents[j]
             self.ev_children[i] = self.ev_children[j]
+            self.free_adj[i] = self.free_adj[j]
+            self.remats[i] = self.remats[j]
             self.seq[i] = self.seq[j]
             self.bound[i] = self.bound[j]
 

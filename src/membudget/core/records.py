@@ -7,6 +7,10 @@ field is documented here once and read directly by the engine and the policies.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from membudget.core.allocators.block import Block
 
 
 class Storage:
@@ -17,7 +21,7 @@ class Storage:
     """
 
     __slots__ = (
-        "addr",  # address chosen by a layout-aware allocator (None when fungible)
+        "block",  # the layout-aware allocator's Block holding its bytes (None otherwise)
         "children",  # storages computed from this one that are not dead
         "cost",  # summed cost of the distinct paths producing its tensors (views included)
         "dead",
@@ -25,6 +29,7 @@ class Storage:
         "ev_parents",  # how many parents are evicted
         "evicted",
         "ext_refs",  # references held by the program over all its tensors
+        "free_adj",  # free bytes directly before and after its block (layout-aware pools)
         "id",
         "kind",  # free-form label: "leaf", "activation", ...
         "last_access",  # logical clock of the last read or write
@@ -32,6 +37,7 @@ class Storage:
         "nbytes",
         "parents",  # storages whose tensors are inputs of its producers
         "pinned",  # never evicted (leaves, constants, unsafe-to-recompute outputs)
+        "remats",  # how many times it was rematerialized
         "resident",
         "slot",  # index in the candidate pool, or -1
         "tensors",  # the tensors that live in it; tensors[0] is the base
@@ -56,7 +62,9 @@ class Storage:
         self.ev_parents = 0
         self.ev_children = 0
         self.slot = -1
-        self.addr: int | None = None
+        self.block: Block | None = None
+        self.free_adj = 0
+        self.remats = 0
         self.uf: object | None = None
 
     def __repr__(self) -> str:
@@ -87,9 +95,12 @@ class Tensor:
 
 
 class ComputePath:
-    """How some tensors were computed: the op, its input tensors, its outputs and its cost."""
+    """How some tensors were computed: the op, its input tensors, its outputs and its cost.
 
-    __slots__ = ("cost", "id", "inputs", "op", "outputs")
+    ``mutated`` lists the inputs the op writes; their new versions are the last outputs.
+    """
+
+    __slots__ = ("cost", "id", "inputs", "mutated", "op", "outputs")
 
     def __init__(self, pid: int, op: object, inputs: Sequence[Tensor], cost: float) -> None:
         self.id = pid
@@ -97,6 +108,7 @@ class ComputePath:
         self.inputs = tuple(inputs)
         self.outputs: list[Tensor] = []
         self.cost = cost
+        self.mutated: tuple[int, ...] = ()
 
     def __repr__(self) -> str:
         return f"ComputePath(id={self.id}, op={self.op!r}, cost={self.cost})"

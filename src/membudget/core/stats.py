@@ -20,10 +20,21 @@ class Stats:
     frees: int = 0  # storages freed for good
     failed_allocations: int = 0  # allocations that needed a search for victims
     search_ns: list[int] = field(default_factory=list)  # policy time per failed allocation
+    # free bytes / pool bytes at each failed allocation (before any eviction for it)
+    fragmentation: list[float] = field(default_factory=list)
+    inplace_reuses: int = 0  # in-place writes whose new version took the old value's block
+    inplace_copies: int = 0  # in-place writes that fell back to copy-on-write (see Engine)
 
     @property
     def executed_cost(self) -> float:
         return self.base_cost + self.remat_cost
+
+    def fragmentation_summary(self) -> dict[str, float]:
+        """Mean and max of the free fraction of the pool at failed allocations."""
+        if not self.fragmentation:
+            return {"mean": 0.0, "max": 0.0, "count": 0}
+        a = np.asarray(self.fragmentation)
+        return {"mean": float(a.mean()), "max": float(a.max()), "count": int(a.size)}
 
     def search_us(self) -> dict[str, float]:
         """p50, p99 and max of the policy's search time per failed allocation, in µs."""

@@ -47,8 +47,8 @@ def replay(engine: Engine, events: Iterable[Event], source: object = "<trace>") 
                     handles[ev[3]] = t
             elif kind == GET:
                 engine.get_value(handles[ev[2]])
-            elif kind == PHASE:
-                continue
+            elif kind == PHASE:  # what the program computes from here on
+                engine.output_kind = "gradient" if ev[2] == "backward" else "activation"
             else:
                 raise TraceError(source, ev[1], f"unknown event kind {kind!r}")
     except KeyError as e:

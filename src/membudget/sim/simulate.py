@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from membudget.core.engine import Engine
+from membudget.core.allocators import make_allocator
+from membudget.core.engine import INPLACE_MODES, Engine
 from membudget.core.policies import make_policy
 from membudget.errors import MembudgetError, OutOfBudget, Thrashed
 from membudget.sim.replay import replay
@@ -32,6 +34,9 @@ class SimResult:
 
     trace: str
     policy: str
+    method: str  # how tables name it: the policy, or policy@allocator+inplace
+    allocator: str
+    inplace: str
     semantics: str
     status: str  # "ok", "oom" or "thrashed"
     ratio: float | None
@@ -47,6 +52,7 @@ class SimResult:
     remat_ops: int
     ops: int
     search_us: dict[str, float]
+    fragmentation: dict[str, float]  # free / pool bytes at failed allocations: mean, max
     wall_s: float
     ops_per_s: float  # executed ops (remat included) per second of wall time
     needed_bytes: int | None = None  # with "oom": the budget the failing allocation needed
@@ -57,12 +63,24 @@ class SimResult:
         return asdict(self)
 
 
-def _engine(budget: float, policy: str, semantics: str, remat_limit: float,
-            seed: int) -> Engine:
+def check_config(policy: str, allocator: str | None = None, inplace: str | None = None,
+                 semantics: str = "membudget",
+                 policy_options: dict[str, Any] | None = None) -> tuple[str, str]:
+    """Fail fast on a bad combination, before any work; return the allocator and in-place
+    mode the run will use (the policy's published defaults where not given)."""
+    pol = make_policy(policy, **(policy_options or {}))
     if semantics not in SEMANTICS:
         raise MembudgetError(f"unknown semantics {semantics!r}; known: {', '.join(SEMANTICS)}")
-    return Engine(budget, make_policy(policy, seed=seed), "fungible",
-                  remat_cost_limit=remat_limit, free_dead=semantics == "membudget", seed=seed)
+    allocator = allocator or pol.default_allocator
+    inplace = inplace or pol.default_inplace
+    if inplace not in INPLACE_MODES:
+        raise MembudgetError(f"unknown in-place mode {inplace!r}; known: "
+                             f"{', '.join(INPLACE_MODES)}")
+    if pol.needs_layout and not make_allocator(allocator, 1 << 20).has_layout:
+        raise MembudgetError(f"policy {policy!r} needs an address-ordered allocator, not "
+                             f"{allocator!r}; use --allocator best-fit, two-sided or "
+                             "torch-caching")
+    return allocator, inplace
 
 
 def measure_baseline(trace: Trace) -> Baseline:
@@ -75,13 +93,18 @@ def measure_baseline(trace: Trace) -> Baseline:
 def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
              budget: int | None = None, semantics: str = "membudget",
              overhead_limit: float | None = DEFAULT_OVERHEAD_LIMIT,
-             baseline: Baseline | None = None, seed: int = 0) -> SimResult:
-    """Replay ``trace`` under a budget (bytes, or ``ratio`` × the baseline peak) with ``policy``.
+             baseline: Baseline | None = None, seed: int = 0, allocator: str | None = None,
+             inplace: str | None = None, policy_options: dict[str, Any] | None = None,
+             on_engine: Callable[[Engine], object] | None = None) -> SimResult:
+    """Replay ``trace`` under a budget (bytes, or ``ratio`` × the baseline peak) with ``policy``
+    on ``allocator``'s pool, handling in-place writes by ``inplace`` (both default to what the
+    policy was published with). ``on_engine`` sees the engine before the replay (to attach
+    a recorder).
 
     The run ends "ok", "oom" (nothing evictable was left for an allocation) or "thrashed"
     (recomputation cost more than ``overhead_limit - 1`` times the baseline cost).
     """
-    make_policy(policy)  # unknown names fail before any work
+    allocator, inplace = check_config(policy, allocator, inplace, semantics, policy_options)
     if (ratio is None) == (budget is None):
         raise MembudgetError("give exactly one of ratio and budget")
     if ratio is not None and not ratio > 0:
@@ -93,7 +116,11 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
         budget = int(base.peak_bytes * ratio)
     assert budget is not None
     limit = math.inf if overhead_limit is None else base.cost * (overhead_limit - 1)
-    engine = _engine(budget, policy, semantics, limit, seed)
+    engine = Engine(budget, make_policy(policy, seed=seed, **(policy_options or {})),
+                    allocator, remat_cost_limit=limit, free_dead=semantics == "membudget",
+                    inplace=inplace, seed=seed)
+    if on_engine is not None:
+        on_engine(engine)
     status, needed, message = "ok", None, ""
     t0 = time.perf_counter()
     try:
@@ -106,11 +133,15 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
     st = engine.stats
     executed_ops = st.ops + st.remat_ops
     return SimResult(
-        trace=trace.name, policy=policy, semantics=semantics, status=status, ratio=ratio,
+        trace=trace.name, policy=policy, method=policy, allocator=allocator, inplace=inplace,
+        semantics=semantics, status=status, ratio=ratio,
         budget_bytes=int(budget), baseline_cost=base.cost, baseline_peak_bytes=base.peak_bytes,
         overhead=st.executed_cost / base.cost - 1 if base.cost else 0.0,
         executed_cost=st.executed_cost, remat_cost=st.remat_cost, peak_bytes=engine.peak_bytes,
         evictions=st.evictions, eager_evictions=st.eager_evictions, remat_ops=st.remat_ops,
-        ops=st.ops, search_us=st.search_us(), wall_s=wall,
+        ops=st.ops, search_us=st.search_us(), fragmentation=st.fragmentation_summary(),
+        wall_s=wall,
         ops_per_s=executed_ops / wall if wall > 0 else 0.0, needed_bytes=needed,
-        message=message)
+        message=message, extra={"inplace_reuses": st.inplace_reuses,
+                                "inplace_copies": st.inplace_copies,
+                                "failed_allocations": st.failed_allocations})

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from membudget.core.allocators.base import Allocator
+from membudget.core.allocators.base import AllocationObserver, Allocator
+from membudget.core.allocators.best_fit import BestFitAllocator
+from membudget.core.allocators.block import Block
 from membudget.core.allocators.fungible import FungibleAllocator
+from membudget.core.allocators.torch_caching import TorchCachingAllocator
+from membudget.core.allocators.two_sided import TwoSidedAllocator
 from membudget.errors import UnknownNameError
 
 ALLOCATORS: dict[str, type[Allocator]] = {
-    FungibleAllocator.name: FungibleAllocator,
+    cls.name: cls for cls in (FungibleAllocator, BestFitAllocator, TwoSidedAllocator,
+                              TorchCachingAllocator)
 }
 
 
@@ -20,4 +25,6 @@ def make_allocator(name: str, capacity: float) -> Allocator:
     return cls(capacity)
 
 
-__all__ = ["ALLOCATORS", "Allocator", "FungibleAllocator", "make_allocator"]
+__all__ = ["ALLOCATORS", "AllocationObserver", "Allocator", "BestFitAllocator", "Block",
+           "FungibleAllocator", "TorchCachingAllocator", "TwoSidedAllocator",
+           "make_allocator"]

@@ -3,18 +3,37 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Protocol
 
 from membudget.core.records import Storage
+
+if TYPE_CHECKING:
+    from membudget.core.allocators.block import Block
+    from membudget.core.pool import CandidatePool
+
+
+class AllocationObserver(Protocol):
+    """Receives every placement and release (timelines, memory snapshots)."""
+
+    def on_alloc(self, s: Storage, block: Block) -> None: ...
+
+    def on_free(self, s: Storage, block: Block) -> None: ...
+
+    def on_segment(self, action: str, addr: int, size: int) -> None:
+        """``action`` is "segment_alloc" or "segment_free" (pools that reserve segments)."""
 
 
 class Allocator(ABC):
     """Places storages in a pool of ``capacity`` bytes and tracks bytes held and their peak.
 
     ``allocate`` either places the storage and returns True or changes nothing and returns
-    False; the engine then evicts and retries. Layout-aware allocators set ``storage.addr``.
+    False; the engine then evicts and retries. Layout-aware allocators (``has_layout``) give
+    each placed storage a :class:`Block`, keep ``storage.free_adj`` (free bytes directly
+    around it) current, and write it through to the candidate pool that the engine attaches.
     """
 
     name: str = ""
+    has_layout: bool = False
 
     def __init__(self, capacity: float) -> None:
         if capacity < 0:
@@ -22,6 +41,8 @@ class Allocator(ABC):
         self.capacity = capacity
         self.used = 0
         self.peak = 0
+        self.pool: CandidatePool | None = None
+        self.observer: AllocationObserver | None = None
 
     @abstractmethod
     def allocate(self, s: Storage) -> bool:
@@ -30,3 +51,26 @@ class Allocator(ABC):
     @abstractmethod
     def free(self, s: Storage) -> None:
         """Return the bytes of a placed storage to the pool."""
+
+    @abstractmethod
+    def transfer(self, old: Storage, new: Storage) -> None:
+        """``new`` takes over the bytes and place of ``old`` (an in-place update)."""
+
+    @property
+    def free_bytes(self) -> float:
+        """Bytes of the pool not held by any storage (usable or not)."""
+        return self.capacity - self.used
+
+    def largest_free_block(self) -> float:
+        """The largest request that could be placed right now without evicting."""
+        return self.free_bytes
+
+    def block_bytes(self, nbytes: int) -> int:
+        """Size of the contiguous block a storage of ``nbytes`` needs (after rounding)."""
+        return nbytes
+
+    def layout(self, request: Storage | None = None) -> list[Block]:
+        """Every block in address order; with ``request``, only those that could hold it."""
+        raise NotImplementedError(
+            f"the {self.name!r} allocator has no address layout; use a layout-aware one "
+            "(best-fit, two-sided or torch-caching)")

@@ -22,3 +22,6 @@ class FungibleAllocator(Allocator):
 
     def free(self, s: Storage) -> None:
         self.used -= s.nbytes
+
+    def transfer(self, old: Storage, new: Storage) -> None:
+        self.used += new.nbytes - old.nbytes

@@ -17,6 +17,10 @@ class Policy(ABC):
 
     name: ClassVar[str]
     engine: Engine
+    needs_layout: ClassVar[bool] = False  # reads the allocator's address layout
+    # what the method was published with: the engine's defaults under this policy
+    default_allocator: ClassVar[str] = "fungible"
+    default_inplace: ClassVar[str] = "cow"
 
     def attach(self, engine: Engine) -> None:
         """Called once by the engine that will consult this policy."""
@@ -25,6 +29,12 @@ class Policy(ABC):
     @abstractmethod
     def choose(self, pool: CandidatePool, clock: float) -> Storage:
         """Return one storage of the (non-empty) pool to evict."""
+
+    def victims(self, pool: CandidatePool, clock: float, request: Storage) -> list[Storage]:
+        """Storages of the (non-empty) pool to evict at once so that ``request`` may fit;
+        the engine evicts them, retries, and asks again while it still does not fit.
+        Most policies evict one at a time; layout-aware ones return a whole window."""
+        return [self.choose(pool, clock)]
 
     def on_evict(self, s: Storage) -> None:
         """``s`` was evicted (by the policy or eagerly on release)."""

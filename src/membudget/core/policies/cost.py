@@ -25,6 +25,8 @@ class CostPolicy(Policy):
     """h(S) = (c(S) + neighbour_cost(S)) / (m(S) · staleness(S)); evict the minimum.
 
     A zero denominator (no bytes, or touched at the current clock) scores +inf, as in simrd.
+    Subclasses change the terms through the hooks below; the score must stay increasing in
+    the neighbour cost, which is what makes the cached bound a lower bound.
     """
 
     staleness: bool = True
@@ -36,13 +38,38 @@ class CostPolicy(Policy):
         """Extra recompute cost of evicting ``s`` given its evicted neighbours (>= 0)."""
         return 0.0
 
+    def memory(self, pool: CandidatePool, n: int) -> np.ndarray:
+        """The bytes term m(S) of the first ``n`` candidates."""
+        return pool.nbytes[:n]
+
+    def denominator(self, pool: CandidatePool, n: int, clock: float) -> np.ndarray:
+        m = self.memory(pool, n)
+        return m * (clock - pool.last[:n]) if self.staleness else m
+
+    def own_cost(self, pool: CandidatePool, n: int) -> np.ndarray:
+        """The cost term before the neighbourhood is added: c(S) of each candidate."""
+        return pool.cost[:n]
+
+    def numerator(self, pool: CandidatePool, idx: slice | int, c: np.ndarray | float):
+        """Score numerator from the total cost term ``c`` of the candidates ``idx``."""
+        return c
+
+    def mask(self, pool: CandidatePool, n: int) -> np.ndarray | None:
+        """Which candidates this search considers (None: all)."""
+        return None
+
     def choose(self, pool: CandidatePool, clock: float) -> Storage:
         n = len(pool.items)
-        cost = pool.cost[:n]
-        denom = pool.nbytes[:n] * (clock - pool.last[:n]) if self.staleness else pool.nbytes[:n]
+        denom = self.denominator(pool, n, clock)
+        cost = self.own_cost(pool, n)
+        keep = self.mask(pool, n)
+        if keep is not None:
+            denom = np.where(keep, denom, 0.0)  # a zero denominator scores +inf
+        whole = slice(0, n)
         if not (self.use_parents or self.use_children):
             with np.errstate(divide="ignore", invalid="ignore"):
-                return pool.items[pool.argmin(np.where(denom > 0, cost / denom, math.inf))]
+                scores = np.where(denom > 0, self.numerator(pool, whole, cost) / denom, math.inf)
+            return pool.items[pool.argmin(scores)]
         if self.use_parents and self.use_children:
             has = (pool.ev_parents[:n] + pool.ev_children[:n]) > 0
         elif self.use_parents:
@@ -54,7 +81,7 @@ class CostPolicy(Policy):
             pool.bound_epoch = self.epoch
         bound = pool.bound[:n]
         with np.errstate(divide="ignore", invalid="ignore"):
-            lb = np.where(denom > 0, (cost + bound) / denom, math.inf)
+            lb = np.where(denom > 0, self.numerator(pool, whole, cost + bound) / denom, math.inf)
         plain = np.where(has, math.inf, lb)
         best_i = pool.argmin(plain)
         best = float(plain[best_i])
@@ -67,7 +94,7 @@ class CostPolicy(Policy):
                 nc = self.neighbour_cost(items[i])
                 bound[i] = nc
                 d = denom[i]
-                score = (cost[i] + nc) / d if d > 0 else math.inf
+                score = self.numerator(pool, i, cost[i] + nc) / d if d > 0 else math.inf
                 if score < best or (score == best and seq[i] > seq[best_i]):
                     best, best_i = score, i
         return pool.items[best_i]

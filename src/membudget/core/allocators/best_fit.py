@@ -1,0 +1,211 @@
+"""``best-fit``: one pool of exactly ``budget`` bytes, address-ordered blocks, best fit, coalescing.
+
+This is the memory model of Coop's pool (and of a device that cannot move tensors): an
+allocation needs one contiguous free block, so it fails when no single hole fits even if the
+free total would. Free blocks are kept in a sorted set by (size, address), so the best fit
+(the smallest hole that fits, lowest address among equals) is one bisection.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sortedcontainers import SortedList
+
+from membudget.core.allocators.base import Allocator
+from membudget.core.allocators.block import Block
+from membudget.core.records import Storage
+
+
+class BestFitAllocator(Allocator):
+    """Best-fit placement at the low end of the chosen hole; freed blocks merge with free
+    neighbours at once, so no two free blocks are ever adjacent."""
+
+    name = "best-fit"
+    has_layout = True
+
+    def __init__(self, capacity: float) -> None:
+        super().__init__(capacity)
+        if not math.isfinite(capacity):
+            raise ValueError(f"the {self.name} pool needs a finite number of bytes")
+        self.capacity = int(capacity)
+        self.head = Block(0, self.capacity)
+        self._holes = SortedList()  # (size, addr) of every free block
+        self._hole_at: dict[int, Block] = {}  # addr -> free block
+        if self.capacity > 0:
+            self._add_hole(self.head)
+
+    # ------------------------------------------------------------------ holes
+    def _add_hole(self, b: Block) -> None:
+        self._holes.add((b.size, b.addr))
+        self._hole_at[b.addr] = b
+
+    def _remove_hole(self, b: Block) -> None:
+        self._holes.remove((b.size, b.addr))
+        del self._hole_at[b.addr]
+
+    def _best_fit(self, size: int) -> Block | None:
+        """The smallest free block of at least ``size`` bytes, lowest address among equals."""
+        holes = self._holes
+        i = holes.bisect_left((size, -1))
+        if i == len(holes):
+            return None
+        return self._hole_at[holes[i][1]]
+
+    # ------------------------------------------------------------------ interface
+    def allocate(self, s: Storage) -> bool:
+        n = s.nbytes
+        if n == 0:
+            return True
+        hole = self._best_fit(n)
+        if hole is None:
+            return False
+        self._place(hole, s, self._at_low_end(s))
+        return True
+
+    def _at_low_end(self, s: Storage) -> bool:
+        """Which end of the chosen hole ``s`` takes (subclasses partition the pool)."""
+        return True
+
+    def _place(self, hole: Block, s: Storage, low: bool) -> Block:
+        """Carve ``s.nbytes`` from the low or high end of ``hole``; return the new block."""
+        n = s.nbytes
+        self._remove_hole(hole)
+        if hole.size == n:
+            b = hole
+            b.storage = s
+        else:
+            if low:
+                b = Block(hole.addr, n, s, hole.segment)
+                hole.addr += n
+                _link_before(b, hole)
+                if hole is self.head:
+                    self.head = b
+            else:
+                b = Block(hole.addr + hole.size - n, n, s, hole.segment)
+                _link_after(b, hole)
+            hole.size -= n
+            self._add_hole(hole)
+            self._refresh_around(hole)  # the storage beyond the shrunk hole sees less free
+        s.block = b
+        self.used += n
+        if self.used > self.peak:
+            self.peak = self.used
+        self._refresh_around(b)
+        if self.observer is not None:
+            self.observer.on_alloc(s, b)
+        return b
+
+    def free(self, s: Storage) -> None:
+        b = s.block
+        if b is None:
+            return
+        if self.observer is not None:
+            self.observer.on_free(s, b)
+        s.block = None
+        b.storage = None
+        self.used -= b.size
+        prev, nxt = b.prev, b.next
+        if prev is not None and prev.storage is None:
+            self._remove_hole(prev)
+            prev.size += b.size
+            _unlink(b)
+            b = prev
+        if nxt is not None and nxt.storage is None:
+            self._remove_hole(nxt)
+            b.size += nxt.size
+            _unlink(nxt)
+        self._add_hole(b)
+        self._refresh_around(b)
+
+    def transfer(self, old: Storage, new: Storage) -> None:
+        b = old.block
+        if b is None:
+            return
+        if self.observer is not None:
+            self.observer.on_free(old, b)
+        old.block = None
+        b.storage = new
+        new.block = b
+        new.free_adj = old.free_adj
+        if self.observer is not None:
+            self.observer.on_alloc(new, b)
+
+    def layout(self, request: Storage | None = None) -> list[Block]:
+        out = []
+        b: Block | None = self.head if self.capacity else None
+        while b is not None:
+            out.append(b)
+            b = b.next
+        return out
+
+    def largest_free_block(self) -> int:
+        return self._holes[-1][0] if self._holes else 0
+
+    # ------------------------------------------------------------------ free neighbours
+    def _refresh_around(self, b: Block) -> None:
+        """Recompute ``free_adj`` of ``b`` and of the storages on either side of it."""
+        for x in (b.prev, b, b.next):
+            if x is not None and x.storage is not None:
+                self._refresh(x)
+
+    def _refresh(self, b: Block) -> None:
+        s = b.storage
+        assert s is not None
+        p, n = b.prev, b.next
+        adj = (p.size if p is not None and p.storage is None else 0) + (
+            n.size if n is not None and n.storage is None else 0)
+        s.free_adj = adj
+        if s.slot >= 0 and self.pool is not None:
+            self.pool.free_adj[s.slot] = adj
+
+    # ------------------------------------------------------------------ checking
+    def check(self) -> None:
+        """Assert the pool's invariants (used by tests): blocks tile [0, capacity) in address
+        order, no two free blocks touch, the hole index matches, ``used`` is right."""
+        check_tiling(self.layout(), 0, self.capacity)
+        holes = [(b.size, b.addr) for b in self.layout() if b.storage is None]
+        assert sorted(holes) == list(self._holes), "hole index out of date"
+        assert self.used == sum(b.size for b in self.layout() if b.storage is not None)
+
+
+def check_tiling(blocks: list[Block], start: int, end: int) -> None:
+    """Assert that ``blocks`` tile [start, end) in address order, linked both ways, with
+    coalescing complete and each storage pointing back at its block."""
+    addr = start
+    prev = None
+    for b in blocks:
+        assert b.addr == addr, f"gap or overlap at {addr}: {b}"
+        assert b.size > 0, f"empty block {b}"
+        assert b.prev is prev, f"broken back link at {b}"
+        if prev is not None:
+            assert prev.next is b
+            assert not (prev.storage is None and b.storage is None), f"uncoalesced at {b}"
+        if b.storage is not None:
+            assert b.storage.block is b, f"{b.storage} does not point at {b}"
+        addr += b.size
+        prev = b
+    assert addr == end, f"blocks end at {addr}, pool at {end}"
+    assert prev is None or prev.next is None
+
+
+def _link_before(b: Block, x: Block) -> None:
+    b.prev, b.next = x.prev, x
+    if x.prev is not None:
+        x.prev.next = b
+    x.prev = b
+
+
+def _link_after(b: Block, x: Block) -> None:
+    b.prev, b.next = x, x.next
+    if x.next is not None:
+        x.next.prev = b
+    x.next = b
+
+
+def _unlink(b: Block) -> None:
+    if b.prev is not None:
+        b.prev.next = b.next
+    if b.next is not None:
+        b.next.prev = b.prev
+    b.prev = b.next = None

@@ -1,0 +1,35 @@
+"""A block of an address-ordered pool: a storage's bytes or a free hole, with its neighbours."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from membudget.core.records import Storage
+
+
+class Block:
+    """``size`` bytes at ``addr`` in segment ``segment``, held by ``storage`` (None: free).
+
+    Blocks of one segment tile it and are doubly linked in address order; ``prev``/``next``
+    never cross a segment boundary, so only same-segment neighbours can coalesce.
+    """
+
+    __slots__ = ("addr", "next", "prev", "segment", "size", "storage")
+
+    def __init__(self, addr: int, size: int, storage: Storage | None = None,
+                 segment: int = 0) -> None:
+        self.addr = addr
+        self.size = size
+        self.storage = storage
+        self.segment = segment
+        self.prev: Block | None = None
+        self.next: Block | None = None
+
+    @property
+    def free(self) -> bool:
+        return self.storage is None
+
+    def __repr__(self) -> str:
+        who = "free" if self.storage is None else f"storage {self.storage.id}"
+        return f"Block({self.addr}+{self.size}, {who}, segment {self.segment})"

@@ -1,0 +1,73 @@
+"""``two-sided``: Coop's cheap-tensor partitioning on the best-fit pool.
+
+Outputs of costly ops (high cost density: compute cost per byte) take the low end of their
+best-fit hole and cheap ones the high end, so, from an empty pool, expensive tensors grow up
+from address 0 and cheap ones down from the top: cheap tensors cluster into contiguous runs
+that are cheap to evict together. Parameters and other leaves (pinned, no producer) go to the
+very top (so do all pinned storages: they are never evicted, so they must not split the
+activations' space).
+
+Coop classified by a list of op types (conv, matmul, ...); we use the cost density itself, as
+the paper describes it, so any trace works. The threshold is fixed, or by default the running
+geometric mean of the densities seen so far (scale-free: traces measure cost in ns or µs).
+"""
+
+from __future__ import annotations
+
+import math
+
+from membudget.core.allocators.best_fit import BestFitAllocator
+from membudget.core.allocators.block import Block
+from membudget.core.records import Storage
+
+
+class TwoSidedAllocator(BestFitAllocator):
+    """Best fit; expensive outputs at the low end of the hole, cheap ones at the high end."""
+
+    name = "two-sided"
+
+    def __init__(self, capacity: float, threshold: float | None = None) -> None:
+        super().__init__(capacity)
+        if threshold is not None and not threshold >= 0:
+            raise ValueError(f"cost-density threshold must be >= 0, got {threshold}")
+        self.threshold = threshold
+        self._log_sum = 0.0
+        self._count = 0
+
+    def expensive(self, s: Storage) -> bool:
+        """Is ``s`` the output of a costly op (cost density above the threshold)?"""
+        density = s.cost / s.nbytes
+        if self.threshold is not None:
+            return density > self.threshold
+        if density <= 0:
+            return False
+        log_d = math.log(density)
+        # compare against the mean before this storage joins it (the first one is cheap)
+        above = self._count > 0 and log_d > self._log_sum / self._count
+        self._log_sum += log_d
+        self._count += 1
+        return above
+
+    def allocate(self, s: Storage) -> bool:
+        n = s.nbytes
+        if n == 0:
+            return True
+        if s.pinned:
+            hole = self._topmost_fit(n)
+            if hole is None:
+                return False
+            self._place(hole, s, low=False)
+            return True
+        hole = self._best_fit(n)
+        if hole is None:
+            return False
+        self._place(hole, s, low=self.expensive(s))
+        return True
+
+    def _topmost_fit(self, n: int) -> Block | None:
+        """The highest-address hole of at least ``n`` bytes (pinned storages pack from the top)."""
+        holes = self._holes
+        i = holes.bisect_left((n, -1))
+        if i == len(holes):
+            return None
+        return self._hole_at[max(addr for _, addr in holes.islice(i))]
