@@ -248,3 +248,21 @@ def test_cli_allocator_inplace_and_min_budget(tmp_path):
               "best-fit", "--ratios", "0.9,0.8", "--workers", "1", "--min-budget")
     assert sw.returncode == 0, sw.stderr
     assert "coop@best-fit" in sw.stdout and "frag" in sw.stdout and "cutoff" in sw.stdout
+
+
+def test_cli_timeline_writes_a_png_and_a_snapshot_torch_reads(tmp_path):
+    import pickle
+
+    from torch.cuda import _memory_viz
+
+    path = tmp_path / "chain.jsonl"
+    write_trace(path, CHAIN.header, CHAIN.events)
+    png, snap = tmp_path / "t.png", tmp_path / "t.pickle"
+    r = _cli("timeline", str(path), "--policy", "dtr-eq", "--ratio", "0.8", "-o", str(png),
+             "--snapshot", str(snap))
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    with open(snap, "rb") as f:
+        data = pickle.load(f)
+    summary = _memory_viz.segsum(data)  # the best-fit pool is one segment of the budget
+    assert "total_reserved: 320.0B" in summary and "total_allocated: 300.0B" in summary

@@ -190,9 +190,47 @@ def sweep(
 
 
 @app.command()
+def timeline(
+    trace: Annotated[str, typer.Argument(help="A membudget trace or a DTR log.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="PNG to write.")],
+    policy: Annotated[str, typer.Option(help="Eviction policy.")] = "coop",
+    allocator: Annotated[str | None, typer.Option(help=ALLOCATOR_HELP + " A fungible pool "
+                                                  "has no addresses: best-fit stands in.")]
+        = None,
+    inplace: Annotated[str | None, typer.Option(help=INPLACE_HELP)] = None,
+    ratio: Annotated[float, typer.Option(help="Budget as a fraction of the unconstrained "
+                                              "peak.")] = 0.5,
+    snapshot: Annotated[Path | None, typer.Option(help="Also write PyTorch's memory-snapshot "
+                                                       "pickle (open it at "
+                                                       "pytorch.org/memory_viz).")] = None,
+) -> None:
+    """Draw the pool over time (address vs executed ops) for one simulated run."""
+    from membudget.core.policies import make_policy
+    from membudget.sim import simulate as run
+    from membudget.sim.timeline import Recorder, plot_timeline, write_snapshot
+    from membudget.trace import load_trace
+
+    if allocator is None and make_policy(policy).default_allocator == "fungible":
+        allocator = "best-fit"
+    recorders: list[Recorder] = []
+    tr = load_trace(trace)
+    result = run(tr, policy, ratio=ratio, allocator=allocator, inplace=inplace,
+                 on_engine=lambda engine: recorders.append(Recorder(engine)))
+    rec = recorders[0]
+    title = (f"{result.trace}: {policy} on {result.allocator} at ratio {ratio:g} — "
+             f"{result.status}, overhead {100 * result.overhead:.1f}%")
+    err.print(f"wrote {plot_timeline(rec, output, title=title)}")
+    if snapshot:
+        err.print(f"wrote {write_snapshot(rec, snapshot)}")
+    if result.status != "ok":
+        err.print(f"the run ended {result.status}: {result.message}")
+        raise typer.Exit(1)
+
+
+@app.command()
 def demo(
     ratios: Annotated[str, typer.Option(help="Budget ratios.")] = "0.9,0.7,0.5,0.4,0.3",
-    policies: Annotated[str, typer.Option(help="Policies.")] = "dtr,dtr-eq,dtr-local,lru,size",
+    policies: Annotated[str, typer.Option(help="Methods.")] = "dtr,dtr-eq,dte,coop,lru",
     plot: Annotated[Path | None, typer.Option(help="Also write a PNG.")] = None,
 ) -> None:
     """Sweep a generated trace of a residual network's training step and print the table."""
