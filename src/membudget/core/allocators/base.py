@@ -74,3 +74,41 @@ class Allocator(ABC):
         raise NotImplementedError(
             f"the {self.name!r} allocator has no address layout; use a layout-aware one "
             "(best-fit, two-sided or torch-caching)")
+
+
+class LayoutAllocator(Allocator):
+    """An allocator that gives every placed storage a :class:`Block` of an address-ordered
+    layout; shared here: handing a block to a new version, and the free-neighbour bytes."""
+
+    has_layout = True
+
+    def transfer(self, old: Storage, new: Storage) -> None:
+        """``new`` takes over ``old``'s block as it is (no re-rounding, no move)."""
+        b = old.block
+        if b is None:
+            return
+        if self.observer is not None:
+            self.observer.on_free(old, b)
+        old.block = None
+        b.storage = new
+        new.block = b
+        new.free_adj = old.free_adj
+        if self.observer is not None:
+            self.observer.on_alloc(new, b)
+
+    def _refresh_around(self, b: Block) -> None:
+        """Recompute ``free_adj`` of the storages in ``b`` and in the blocks beside it."""
+        for x in (b.prev, b, b.next):
+            if x is not None and x.storage is not None:
+                self._refresh(x)
+
+    def _refresh(self, b: Block) -> None:
+        """Recompute ``free_adj`` of the storage in ``b`` and write it to its pool slot."""
+        s = b.storage
+        assert s is not None
+        p, n = b.prev, b.next
+        adj = (p.size if p is not None and p.storage is None else 0) + (
+            n.size if n is not None and n.storage is None else 0)
+        s.free_adj = adj
+        if s.slot >= 0 and self.pool is not None:
+            self.pool.free_adj[s.slot] = adj

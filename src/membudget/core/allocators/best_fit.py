@@ -12,17 +12,16 @@ import math
 
 from sortedcontainers import SortedList
 
-from membudget.core.allocators.base import Allocator
+from membudget.core.allocators.base import LayoutAllocator
 from membudget.core.allocators.block import Block
 from membudget.core.records import Storage
 
 
-class BestFitAllocator(Allocator):
+class BestFitAllocator(LayoutAllocator):
     """Best-fit placement at the low end of the chosen hole; freed blocks merge with free
     neighbours at once, so no two free blocks are ever adjacent."""
 
     name = "best-fit"
-    has_layout = True
 
     def __init__(self, capacity: float) -> None:
         super().__init__(capacity)
@@ -118,19 +117,6 @@ class BestFitAllocator(Allocator):
         self._add_hole(b)
         self._refresh_around(b)
 
-    def transfer(self, old: Storage, new: Storage) -> None:
-        b = old.block
-        if b is None:
-            return
-        if self.observer is not None:
-            self.observer.on_free(old, b)
-        old.block = None
-        b.storage = new
-        new.block = b
-        new.free_adj = old.free_adj
-        if self.observer is not None:
-            self.observer.on_alloc(new, b)
-
     def layout(self, request: Storage | None = None) -> list[Block]:
         out = []
         b: Block | None = self.head if self.capacity else None
@@ -141,23 +127,6 @@ class BestFitAllocator(Allocator):
 
     def largest_free_block(self) -> int:
         return self._holes[-1][0] if self._holes else 0
-
-    # ------------------------------------------------------------------ free neighbours
-    def _refresh_around(self, b: Block) -> None:
-        """Recompute ``free_adj`` of ``b`` and of the storages on either side of it."""
-        for x in (b.prev, b, b.next):
-            if x is not None and x.storage is not None:
-                self._refresh(x)
-
-    def _refresh(self, b: Block) -> None:
-        s = b.storage
-        assert s is not None
-        p, n = b.prev, b.next
-        adj = (p.size if p is not None and p.storage is None else 0) + (
-            n.size if n is not None and n.storage is None else 0)
-        s.free_adj = adj
-        if s.slot >= 0 and self.pool is not None:
-            self.pool.free_adj[s.slot] = adj
 
     # ------------------------------------------------------------------ checking
     def check(self) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 from sortedcontainers import SortedList
 
-from membudget.core.allocators.base import Allocator
+from membudget.core.allocators.base import LayoutAllocator
 from membudget.core.allocators.best_fit import _link_after, _unlink, check_tiling
 from membudget.core.allocators.block import Block
 from membudget.core.records import Storage
@@ -73,7 +73,7 @@ class _Segment:
         self.head = head
 
 
-class TorchCachingAllocator(Allocator):
+class TorchCachingAllocator(LayoutAllocator):
     """PyTorch's caching allocator on a device of ``capacity`` bytes (``inf``: unbounded).
 
     ``used`` counts allocated block bytes (rounded sizes, unsplit remainders included, like
@@ -85,7 +85,6 @@ class TorchCachingAllocator(Allocator):
     """
 
     name = "torch-caching"
-    has_layout = True
 
     def __init__(self, capacity: float) -> None:
         super().__init__(capacity)
@@ -151,19 +150,9 @@ class TorchCachingAllocator(Allocator):
         self._refresh_around(b)
 
     def transfer(self, old: Storage, new: Storage) -> None:
-        """``new`` takes over ``old``'s block as it is (no re-rounding, no move)."""
-        b = old.block
-        if b is None:
-            return
-        if self.observer is not None:
-            self.observer.on_free(old, b)
-        old.block = None
-        b.storage = new
-        new.block = b
-        new.free_adj = old.free_adj
-        self.requested += new.nbytes - old.nbytes
-        if self.observer is not None:
-            self.observer.on_alloc(new, b)
+        if old.block is not None:
+            self.requested += new.nbytes - old.nbytes
+        super().transfer(old, new)
 
     @property
     def free_bytes(self) -> float:
@@ -248,7 +237,7 @@ class TorchCachingAllocator(Allocator):
             block.size = size
             self._add_free(tail, pool)
             after = tail.next  # its free neighbour shrank
-            if after is not None:
+            if after is not None and after.storage is not None:
                 self._refresh(after)
         block.storage = s
         s.block = block
@@ -271,25 +260,6 @@ class TorchCachingAllocator(Allocator):
         del self._free_at[b.addr]
         if b.prev is None and b.next is None:
             del pool.idle[b.addr]
-
-    # ------------------------------------------------------------------ free neighbours
-    def _refresh_around(self, b: Block) -> None:
-        """Recompute ``free_adj`` of ``b`` and of the blocks on either side of it."""
-        for x in (b.prev, b, b.next):
-            if x is not None:
-                self._refresh(x)
-
-    def _refresh(self, b: Block) -> None:
-        """Recompute ``free_adj`` of the storage in ``b`` (if any) and write it to its pool slot."""
-        s = b.storage
-        if s is None:
-            return
-        p, n = b.prev, b.next
-        adj = (p.size if p is not None and p.storage is None else 0) + (
-            n.size if n is not None and n.storage is None else 0)
-        s.free_adj = adj
-        if s.slot >= 0 and self.pool is not None:
-            self.pool.free_adj[s.slot] = adj
 
     # ------------------------------------------------------------------ checking
     def check(self) -> None:
