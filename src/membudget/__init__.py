@@ -1,6 +1,9 @@
 """membudget: train PyTorch models under a memory budget, and compare the methods for it."""
 
+from typing import Any
+
 from membudget.errors import (
+    BudgetTooSmallError,
     EngineError,
     MembudgetError,
     OutOfBudget,
@@ -11,5 +14,14 @@ from membudget.errors import (
 
 __version__ = "0.1.0"
 
-__all__ = ["EngineError", "MembudgetError", "OutOfBudget", "Thrashed", "TraceError",
-           "UnknownNameError", "__version__"]
+__all__ = ["BudgetTooSmallError", "EngineError", "MembudgetError", "OutOfBudget", "Thrashed",
+           "TraceError", "UnknownNameError", "__version__", "budget"]
+
+
+def __getattr__(name: str) -> Any:
+    """``membudget.budget`` imports torch on first use, so the engine and simulator don't."""
+    if name == "budget":
+        from membudget.runtime.session import budget
+
+        return budget
+    raise AttributeError(f"module 'membudget' has no attribute {name!r}")

@@ -72,3 +72,16 @@ class TraceError(MembudgetError, ValueError):
 
 class EngineError(MembudgetError, RuntimeError):
     """The engine was asked for something its state cannot satisfy (a bug or misuse)."""
+
+
+class BudgetTooSmallError(OutOfBudget):
+    """A live session's op cannot fit in its budget even after evicting all it can.
+
+    The session is closed when this propagates out of it; a new session with a larger
+    budget works in the same process.
+    """
+
+    @classmethod
+    def from_oob(cls, e: OutOfBudget) -> BudgetTooSmallError:
+        return cls(op=e.op, request_bytes=e.request_bytes, unevictable_bytes=e.unevictable_bytes,
+                   budget_bytes=e.budget_bytes, largest_free_bytes=e.largest_free_bytes)

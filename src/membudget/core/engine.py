@@ -110,7 +110,7 @@ class Engine:
 
     def apply(self, op: object, inputs: Sequence[Tensor], out_bytes: Sequence[int],
               out_alias: Sequence[int] | None = None, cost: float = 0.0,
-              mutated: Sequence[int] = ()) -> list[Tensor]:
+              mutated: Sequence[int] = (), pinned: bool = False) -> list[Tensor]:
         """Run ``op`` on ``inputs``; return its outputs, each with one program reference.
 
         ``out_alias[i]`` is the index of the input whose storage output ``i`` shares (a view,
@@ -118,7 +118,8 @@ class Engine:
         ``mutated`` names an input the op writes: a new version of that input (a storage of
         the same size, kind and pinning) is appended to the outputs, and the caller rebinds
         its handle and releases the old version. Where the new version's bytes live depends
-        on the engine's ``inplace`` mode.
+        on the engine's ``inplace`` mode. ``pinned`` outputs are never evicted (the op cannot
+        be recomputed safely), so they keep no history.
         """
         for t in inputs:
             if t.storage.dead:
@@ -131,11 +132,11 @@ class Engine:
             raise EngineError(f"{op!r}: {len(out_bytes)} output sizes but "
                               f"{len(out_alias)} alias entries")
         kind = self.output_kind
-        specs = [(nbytes, alias, kind, False) for nbytes, alias in zip(out_bytes, out_alias,
-                                                                         strict=True)]
+        specs = [(nbytes, alias, kind, pinned) for nbytes, alias in zip(out_bytes, out_alias,
+                                                                          strict=True)]
         for i in mutated:
             old = inputs[i].storage
-            specs.append((old.nbytes, -1, old.kind, old.pinned))
+            specs.append((old.nbytes, -1, old.kind, old.pinned or pinned))
         outputs = path.outputs
         for nbytes, alias, kind, pinned in specs:
             if alias >= 0:
@@ -180,6 +181,29 @@ class Engine:
                 raise EngineError(f"{t!r} is not materialized and cannot be recomputed")
             self._run(t.producer, remat=True)
         return self.executor.value(t)
+
+    def acquire(self, tensors: Sequence[Tensor]) -> None:
+        """Make every tensor defined (recomputing on demand) and lock its storage, so the
+        caller can use their values together; ``unacquire`` undoes it. The live runtime runs
+        an op this way once, to learn its output sizes, before recording it with ``apply``."""
+        done = 0
+        try:
+            for t in tensors:
+                s = t.storage
+                self._touch(s)
+                if not t.defined:
+                    if s.dead or t.producer is None:
+                        raise EngineError(f"{t!r} is not materialized and cannot be recomputed")
+                    self._run(t.producer, remat=True)
+                self._lock(s)
+                done += 1
+        except BaseException:
+            self.unacquire(tensors[:done])
+            raise
+
+    def unacquire(self, tensors: Sequence[Tensor]) -> None:
+        for t in tensors:
+            self._unlock(t.storage)
 
     # ------------------------------------------------------------------ graph
     def _link(self, path: ComputePath) -> None:
@@ -275,7 +299,9 @@ class Engine:
                 self._placed(s)
                 s.locks += 1
                 placed.append(s)
+            p.reused = reused
             cost = self.executor.run(p, remat)
+            p.reused = {}
             for old in reused.values():  # its bytes now hold the new version
                 self._evict(old, freed=False)
         finally:
@@ -455,6 +481,16 @@ class Engine:
                 last[s.slot] = clock
 
     # ------------------------------------------------------------------ inspection
+    def evict(self, t: Tensor) -> bool:
+        """Evict the storage of ``t`` now, as a policy would; False if it is not a candidate
+        (pinned, locked by a running op, not resident, or without history)."""
+        s = t.storage
+        if s.slot < 0:
+            return False
+        self._evict(s)
+        self.stats.evictions += 1
+        return True
+
     def pin(self, t: Tensor) -> None:
         """Never evict the storage of ``t`` from now on (it is unsafe or unwanted to recompute)."""
         s = t.storage

@@ -98,9 +98,11 @@ class ComputePath:
     """How some tensors were computed: the op, its input tensors, its outputs and its cost.
 
     ``mutated`` lists the inputs the op writes; their new versions are the last outputs.
+    ``reused`` maps, while the op first runs, each new version that took its old value's
+    block to that old value's storage (the executor then writes in place).
     """
 
-    __slots__ = ("cost", "id", "inputs", "mutated", "op", "outputs")
+    __slots__ = ("cost", "id", "inputs", "mutated", "op", "outputs", "reused")
 
     def __init__(self, pid: int, op: object, inputs: Sequence[Tensor], cost: float) -> None:
         self.id = pid
@@ -109,6 +111,7 @@ class ComputePath:
         self.outputs: list[Tensor] = []
         self.cost = cost
         self.mutated: tuple[int, ...] = ()
+        self.reused: dict[Storage, Storage] = {}
 
     def __repr__(self) -> str:
         return f"ComputePath(id={self.id}, op={self.op!r}, cost={self.cost})"

@@ -1,0 +1,52 @@
+"""What an aten op does to memory, read from its schema and tags (cached per OpOverload).
+
+The runtime needs three facts per op: which arguments it writes (in-place and out= ops), whether
+it draws random numbers (``torch.Tag.nondeterministic_seeded``: its RNG state must be captured so
+that a recomputation draws the same numbers), and whether it has tensor outputs at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+aten = torch.ops.aten
+
+# Schemas that do not declare every write. native_batch_norm updates running_mean and
+# running_var in training mode although its schema has no (a!) on them; PyTorch's own
+# functionalization works around it with _native_batch_norm_legit_functional.
+UNDECLARED_WRITES: dict[object, tuple[str, ...]] = {
+    aten.native_batch_norm.default: ("running_mean", "running_var"),
+    aten.cudnn_batch_norm.default: ("running_mean", "running_var"),
+    aten.miopen_batch_norm.default: ("running_mean", "running_var"),
+}
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """``writes``: (position, name) of every argument the op may write."""
+
+    writes: tuple[tuple[int, str], ...]
+    random: bool
+
+    def written(self, args: tuple, kwargs: dict) -> list[object]:
+        """The values passed for the written arguments (tensors, lists of tensors, None)."""
+        out = []
+        for pos, name in self.writes:
+            if pos < len(args):
+                out.append(args[pos])
+            elif name in kwargs:
+                out.append(kwargs[name])
+        return out
+
+
+@cache
+def op_info(func: torch._ops.OpOverload) -> OpInfo:
+    schema = func._schema
+    undeclared = UNDECLARED_WRITES.get(func, ())
+    writes = tuple((i, a.name) for i, a in enumerate(schema.arguments)
+                   if (a.alias_info is not None and a.alias_info.is_write)
+                   or a.name in undeclared)
+    return OpInfo(writes, torch.Tag.nondeterministic_seeded in func.tags)

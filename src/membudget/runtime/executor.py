@@ -1,0 +1,167 @@
+"""The torch executor: runs aten ops for the engine and holds the real tensors it may drop.
+
+Every engine tensor's value is a real ``torch.Tensor`` kept in ``values`` while its storage is
+resident. An op's first run happens in the session before the engine sees it (its output sizes
+are needed to allocate), so ``run`` only stores that result; a recomputation rebuilds the op's
+arguments from the current values, restores the RNG state the op first ran with, and writes
+the outputs the engine placed. In-place ops write their new version into the old value's
+tensor when the engine handed them its block, and into a copy otherwise (copy-on-write).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from time import perf_counter_ns
+from typing import Any
+
+import torch
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
+
+from membudget.core.executor import Executor
+from membudget.core.records import ComputePath, Storage, Tensor
+
+
+class Slot:
+    """Placeholder in an op's flattened arguments for its ``index``-th engine input."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+@dataclass
+class OpCall:
+    """One aten call as the engine records it: enough to run it again.
+
+    ``leaves``/``spec`` are the flattened (args, kwargs) with engine inputs replaced by
+    :class:`Slot`; ``outputs`` the positions of the recorded outputs among the flattened
+    result; ``rng`` the generator states to restore (random ops only); ``grad`` the grad mode
+    it ran in (some kernels consult it: mkldnn's RNN keeps its workspace only with grad on);
+    ``result`` the tensors of the first run until the engine has accepted them.
+    """
+
+    func: torch._ops.OpOverload
+    leaves: list[Any]
+    spec: TreeSpec
+    outputs: list[int]
+    rng: tuple[torch.Tensor | None, list[tuple[torch.Generator, torch.Tensor]]] | None = None
+    result: list[torch.Tensor] | None = field(default=None, repr=False)
+    grad: bool = field(default_factory=torch.is_grad_enabled)
+
+    def __repr__(self) -> str:
+        return str(self.func)
+
+
+def capture_rng(devices: Sequence[torch.device], generators: Sequence[torch.Generator]):
+    """The states a random op will draw from: the default CPU generator (always: ops on
+    other devices may still draw on it), each accelerator's, and explicit generators."""
+    cuda = [(d, torch.cuda.get_rng_state(d)) for d in devices if d.type == "cuda"]
+    return (torch.random.get_rng_state(), cuda, [(g, g.get_state()) for g in generators])
+
+
+class _RestoredRng:
+    """Run with the captured generator states, then put the current ones back."""
+
+    def __init__(self, rng) -> None:
+        self.rng = rng
+
+    def __enter__(self) -> None:
+        cpu, cuda, gens = self.rng
+        self.saved = (torch.random.get_rng_state(),
+                      [(d, torch.cuda.get_rng_state(d)) for d, _ in cuda],
+                      [(g, g.get_state()) for g, _ in gens])
+        torch.random.set_rng_state(cpu)
+        for d, s in cuda:
+            torch.cuda.set_rng_state(s, d)
+        for g, s in gens:
+            g.set_state(s)
+
+    def __exit__(self, *exc: object) -> None:
+        cpu, cuda, gens = self.saved
+        torch.random.set_rng_state(cpu)
+        for d, s in cuda:
+            torch.cuda.set_rng_state(s, d)
+        for g, s in gens:
+            g.set_state(s)
+
+
+class TorchExecutor(Executor):
+    """Runs :class:`OpCall` paths on real tensors; ``values`` maps engine tensor ids to them."""
+
+    def __init__(self) -> None:
+        self.values: dict[int, torch.Tensor] = {}
+
+    def run(self, path: ComputePath, remat: bool) -> float:
+        call: OpCall = path.op
+        outputs = path.outputs
+        if call.result is not None:  # the first run, done by the session
+            results, call.result = call.result, None
+        elif remat:
+            results = self._rerun(path, call, remat)
+        else:  # an in-place op's first run: it must see where the engine put its versions
+            t0 = perf_counter_ns()
+            results = self._rerun(path, call, remat)
+            path.cost = float(perf_counter_ns() - t0)
+            for t in outputs:
+                t.storage.cost += path.cost
+        values = self.values
+        for t, v in zip(outputs, results, strict=True):
+            if t.storage.resident:
+                values[t.id] = v
+        return path.cost
+
+    def _rerun(self, path: ComputePath, call: OpCall, remat: bool) -> list[torch.Tensor]:
+        """Run the op on the inputs' current values (writing into copies of the inputs it
+        mutates unless the engine handed the op their blocks); a recomputation draws from
+        the RNG state of the first run and leaves the current one as it was."""
+        values = self.values
+        ins = [values[t.id] for t in path.inputs]
+        mutated = path.mutated
+        firsts = len(path.outputs) - len(mutated)
+        reused = path.reused
+        for j, i in enumerate(mutated):
+            new = path.outputs[firsts + j].storage
+            if reused.get(new) is None:
+                ins[i] = copy_of(ins[i])
+        leaves = [ins[x.index] if type(x) is Slot else x for x in call.leaves]
+        args, kwargs = tree_unflatten(leaves, call.spec)
+        with below_autograd(call.grad):
+            if remat and call.rng is not None:
+                with _RestoredRng(call.rng):
+                    out = call.func(*args, **kwargs)
+            else:
+                out = call.func(*args, **kwargs)
+        flat = tree_flatten(out)[0]
+        return [flat[k] for k in call.outputs] + [ins[i] for i in mutated]
+
+    def drop(self, storage: Storage) -> None:
+        values = self.values
+        for t in storage.tensors:
+            values.pop(t.id, None)
+
+    def value(self, tensor: Tensor) -> torch.Tensor:
+        return self.values[tensor.id]
+
+
+_AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU).add(
+    torch._C.DispatchKey.AutocastCUDA)
+
+
+@contextmanager
+def below_autograd(grad: bool) -> Iterator[None]:
+    """Run recorded aten ops as they first ran: below autograd (no graph on the values) and
+    autocast (their dtypes are already decided), in the grad mode they saw."""
+    with (torch._C._AutoDispatchBelowAutograd(), torch._C._ExcludeDispatchKeyGuard(_AUTOCAST),
+          torch.set_grad_enabled(grad)):
+        yield
+
+
+def copy_of(v: torch.Tensor) -> torch.Tensor:
+    """A copy of ``v`` with the same layout: the whole storage is copied and the view taken
+    again, so a write through a view lands in the copy at the same place."""
+    base = torch.empty(0, dtype=v.dtype, device=v.device).set_(
+        v.untyped_storage().clone(), 0, (v.untyped_storage().nbytes() // v.element_size(),))
+    return base.as_strided(v.size(), v.stride(), v.storage_offset())

@@ -1,0 +1,88 @@
+"""The wrapper tensor: what autograd and the user hold while the engine owns the data.
+
+A :class:`RematTensor` has the metadata of its value (size, strides, dtype, device) but no
+storage of its own; its :class:`Ref` names the engine tensor whose real value the executor
+keeps, may drop and may recompute. Autograd saves wrappers, so dropping a value frees memory
+that a saved activation would otherwise pin. When a session closes, every live wrapper takes
+its value with it, and ops on it then run on that value as on a plain tensor.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from membudget.core.records import Tensor
+
+if TYPE_CHECKING:
+    from membudget.runtime.session import Session
+
+
+class Ref:
+    """One program reference to an engine tensor, released when the wrapper dies; after the
+    session closed, ``value`` holds the data instead."""
+
+    __slots__ = ("__weakref__", "handle", "session", "value")
+
+    def __init__(self, session: Session, handle: Tensor) -> None:
+        self.session: Session | None = session
+        self.handle: Tensor | None = handle
+        self.value: torch.Tensor | None = None
+
+    def rebind(self, handle: Tensor) -> None:
+        """Point at a new version (after an in-place op) and drop the old one."""
+        old, self.handle = self.handle, handle
+        if old is not None and self.session is not None:
+            self.session.release(old)
+
+    def __del__(self) -> None:
+        if self.session is not None and self.handle is not None:
+            self.session.release(self.handle)
+
+
+class RematTensor(torch.Tensor):
+    """A tensor whose data the memory-budget engine may drop and regenerate."""
+
+    _ref: Ref
+
+    @staticmethod
+    def __new__(cls, value: torch.Tensor, ref: Ref) -> RematTensor:
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, value.size(), strides=value.stride(), storage_offset=value.storage_offset(),
+            dtype=value.dtype, device=value.device, layout=value.layout, requires_grad=False)
+        r._ref = ref
+        return r
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        """Reached only when no session's mode is active: run on the values directly."""
+        return func(*tree_map(value_of, args), **tree_map(value_of, kwargs or {}))
+
+    def value(self) -> torch.Tensor:
+        """The real data (recomputed if the engine had dropped it)."""
+        return value_of(self)
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        return f"RematTensor({value_of(self)!r})"
+
+    def tolist(self) -> Any:
+        return value_of(self).tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        return value_of(self).numpy(force=force)
+
+
+def value_of(x: Any) -> Any:
+    """The real tensor behind a wrapper (materializing it); anything else unchanged."""
+    if type(x) is not RematTensor:
+        return x
+    ref = x._ref
+    if ref.value is not None:
+        return ref.value
+    assert ref.session is not None and ref.handle is not None
+    return ref.session.read(ref.handle)

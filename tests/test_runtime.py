@@ -1,0 +1,261 @@
+"""The live runtime: real training under a budget gives the gradients of an unconstrained run.
+
+Each model is trained one step without any session (the reference), then under budgets that
+are fractions of its unconstrained session peak, with dtr, dte and coop. Where the budget
+suffices, the loss and every gradient must be bitwise equal to the reference (CPU kernels are
+deterministic, and recomputations restore the RNG state) and the engine's peak must stay
+within the budget; where it does not, the error must say what was needed.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import membudget
+from membudget import BudgetTooSmallError
+from membudget.runtime.tensor import RematTensor
+
+POLICIES = ["dtr", "dte", "coop"]
+
+
+def mlp():
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Linear(32, 128)]
+    for _ in range(6):
+        layers += [nn.ReLU(), nn.Dropout(0.1), nn.Linear(128, 128)]
+    model = nn.Sequential(*layers, nn.ReLU(), nn.Linear(128, 10))
+    x, y = torch.randn(256, 32), torch.randint(0, 10, (256,))
+    return model, lambda m: F.cross_entropy(m(x), y)
+
+
+def cnn():
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Conv2d(3, 8, 3, padding=1)]
+    for _ in range(4):
+        layers += [nn.BatchNorm2d(8), nn.ReLU(inplace=True), nn.Dropout(0.1),
+                   nn.Conv2d(8, 8, 3, padding=1)]
+    model = nn.Sequential(*layers, nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
+    x, y = torch.randn(32, 3, 8, 8), torch.randint(0, 10, (32,))
+    return model, lambda m: F.cross_entropy(m(x), y)
+
+
+def lstm():
+    torch.manual_seed(0)
+
+    class LM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(50, 32)
+            self.rnn = nn.LSTM(32, 64, num_layers=2, batch_first=True, dropout=0.1)
+            self.out = nn.Linear(64, 50)
+
+        def forward(self, ids):
+            return self.out(self.rnn(self.emb(ids))[0])
+
+    ids = torch.randint(0, 50, (8, 24))
+    return LM(), lambda m: F.cross_entropy(m(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+
+
+def tree():
+    """A recursive model whose graph depends on the input: a random binary tree."""
+    torch.manual_seed(0)
+
+    class TreeNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.leaf = nn.Linear(16, 32)
+            self.join = nn.Linear(64, 32)
+            self.head = nn.Linear(32, 4)
+
+        def forward(self, node):
+            if isinstance(node, torch.Tensor):
+                return torch.tanh(self.leaf(node))
+            left, right = (self(n) for n in node)
+            return torch.tanh(self.join(torch.cat([left, right], dim=-1)))
+
+    def build(depth: int, gen: torch.Generator):
+        if depth == 0 or torch.rand(1, generator=gen).item() < 0.2:
+            return torch.randn(8, 16, generator=gen)
+        return (build(depth - 1, gen), build(depth - 1, gen))
+
+    trees = [build(4, torch.Generator().manual_seed(k)) for k in range(2)]
+    y = torch.randint(0, 4, (8,))
+    return TreeNet(), lambda m: sum(F.cross_entropy(m.head(m(t)), y) for t in trees)
+
+
+def _hf(model_cls, config):
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = model_cls(config)
+    ids = torch.randint(0, config.vocab_size, (4, 16))
+    return model, lambda m: m(input_ids=ids, labels=ids).loss
+
+
+def gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return _hf(GPT2LMHeadModel, GPT2Config(n_embd=32, n_layer=3, n_head=2, n_positions=32,
+                                           vocab_size=64, bos_token_id=0, eos_token_id=0))
+
+
+def bert():
+    from transformers import BertConfig, BertForMaskedLM
+
+    return _hf(BertForMaskedLM, BertConfig(hidden_size=32, num_hidden_layers=3,
+                                           num_attention_heads=2, intermediate_size=64,
+                                           vocab_size=64, max_position_embeddings=32))
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "lstm": lstm, "tree": tree, "gpt2": gpt2, "bert": bert}
+
+
+def reset(model, state):
+    """Back to ``state`` with no gradients (outside any session: loading writes parameters)."""
+    model.load_state_dict(state)
+    model.train()
+    model.zero_grad(set_to_none=True)
+
+
+def train_step(model, loss_fn):
+    """One step with the same dropout draws each time: loss, and gradients in ``.grad``."""
+    torch.manual_seed(1)
+    loss = loss_fn(model)
+    loss.backward()
+    return loss
+
+
+def reference(model, loss_fn, state):
+    reset(model, state)
+    loss = train_step(model, loss_fn).detach()
+    return loss, [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+
+
+def assert_same(model, loss, ref):
+    ref_loss, ref_grads = ref
+    assert type(loss) is RematTensor
+    assert torch.equal(loss.value(), ref_loss)
+    for p, g in zip(model.parameters(), ref_grads, strict=True):
+        if g is None:
+            assert p.grad is None
+        else:
+            assert type(p.grad) is torch.Tensor  # a plain tensor once the session closed
+            torch.testing.assert_close(p.grad, g, rtol=0, atol=0)
+
+
+def run(model, loss_fn, state, nbytes, policy):
+    reset(model, state)
+    with membudget.budget(nbytes, policy) as session:
+        loss = train_step(model, loss_fn)
+    assert session.stats.peak_bytes <= nbytes
+    return loss, session
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_gradients_equal_the_unconstrained_run_under_budgets(name):
+    model, loss_fn = MODELS[name]()
+    state = copy.deepcopy(model.state_dict())
+    ref = reference(model, loss_fn, state)
+    _, free = run(model, loss_fn, state, 10**10, "dtr")
+    peak = free.stats.peak_bytes
+    for policy in POLICIES:
+        completed = []
+        for ratio in (1.0, 0.5, 0.3):
+            try:
+                loss, session = run(model, loss_fn, state, int(peak * ratio), policy)
+            except BudgetTooSmallError as e:
+                assert e.needed_bytes > int(peak * ratio) or e.largest_free_bytes < e.request_bytes
+                continue
+            assert_same(model, loss, ref)
+            completed.append((ratio, session.stats.evictions))
+        assert completed and completed[0][0] == 1.0, (policy, completed)
+        # the smallest ratio that completes, to 0.05: gradients still exact there
+        lo, hi = 0.0, min(r for r, _ in completed)
+        while hi - lo > 0.05:
+            mid = (lo + hi) / 2
+            try:
+                loss, _ = run(model, loss_fn, state, int(peak * mid), policy)
+                assert_same(model, loss, ref)
+                hi = mid
+            except BudgetTooSmallError:
+                lo = mid
+        assert hi < 1.0, policy
+
+
+def test_a_recomputed_dropout_mask_is_bitwise_identical_and_eviction_frees_the_data():
+    import weakref
+
+    x = torch.randn(1000)
+    with membudget.budget("64 MiB") as session:
+        torch.manual_seed(3)
+        y = F.dropout(x * 1.0, p=0.5, training=True)
+        first = torch.tensor(y.tolist())  # no op inside the session on the real data
+        data = weakref.ref(y.value())
+        after = torch.rand(5)  # the generator moved on
+        assert session.evict(y)
+        assert data() is None  # nothing else kept the real tensor alive
+        again = y.value()
+        assert session.engine.stats.remat_ops >= 1
+        later = torch.rand(5)  # recomputing did not disturb the generator
+    assert torch.equal(first, again)
+    torch.manual_seed(3)
+    F.dropout(x * 1.0, p=0.5, training=True)
+    assert torch.equal(after.value(), torch.rand(5))
+    assert torch.equal(later.value(), torch.rand(5))
+
+
+def test_a_budget_too_small_names_the_op_and_leaves_the_process_usable():
+    model, loss_fn = mlp()
+    state = copy.deepcopy(model.state_dict())
+    ref = reference(model, loss_fn, state)
+    with pytest.raises(BudgetTooSmallError, match=r"aten\.\w+.*raise the budget") as err:
+        run(model, loss_fn, state, 50_000, "dtr")
+    assert err.value.needed_bytes > 50_000
+    loss, _ = run(model, loss_fn, state, 10**9, "dtr")  # a new session works
+    assert_same(model, loss, ref)
+
+
+def test_no_grad_autograd_grad_accumulation_and_autocast():
+    model, _ = mlp()
+    x = torch.randn(64, 32)
+    with torch.no_grad():
+        ref_out = model.eval()(x)
+    with membudget.budget("16 MiB"), torch.no_grad():
+        out = model(x)
+    assert torch.equal(out.value(), ref_out)
+
+    model.train()
+    w = next(model.parameters())
+    torch.manual_seed(1)
+    ref_g = torch.autograd.grad(model(x).square().mean(), w)[0]
+    with membudget.budget("16 MiB"):
+        torch.manual_seed(1)
+        g = torch.autograd.grad(model(x).square().mean(), w)[0]
+    assert torch.equal(g.value(), ref_g)
+
+    model.zero_grad(set_to_none=True)
+    for k in range(3):  # gradient accumulation over micro-batches
+        torch.manual_seed(k)
+        model(x[k::3]).square().mean().backward()
+    ref_acc = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    with membudget.budget("16 MiB"):
+        for k in range(3):
+            torch.manual_seed(k)
+            model(x[k::3]).square().mean().backward()
+    for p, g in zip(model.parameters(), ref_acc, strict=True):
+        assert torch.equal(p.grad, g)
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.manual_seed(1)
+        ref_bf = model(x)
+    with membudget.budget("16 MiB"), torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.manual_seed(1)
+        bf = model(x)
+    assert bf.dtype == torch.bfloat16 and torch.equal(bf.value(), ref_bf)
