@@ -259,3 +259,29 @@ def test_no_grad_autograd_grad_accumulation_and_autocast():
         torch.manual_seed(1)
         bf = model(x)
     assert bf.dtype == torch.bfloat16 and torch.equal(bf.value(), ref_bf)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_recorded_live_run_replays_with_the_same_decisions(tmp_path, policy):
+    from membudget.sim import simulate
+    from membudget.trace import load_trace
+
+    model, loss_fn = gpt2()
+    state = copy.deepcopy(model.state_dict())
+    _, free = run(model, loss_fn, state, 10**10, policy)
+    path = tmp_path / "live.jsonl.gz"
+    for ratio in (0.5, 0.6, 0.7):  # the first that fits this policy's pool
+        budget = int(free.stats.peak_bytes * ratio)
+        reset(model, state)
+        try:
+            with membudget.budget(budget, policy, record=path) as session:
+                train_step(model, loss_fn)
+            break
+        except BudgetTooSmallError:
+            continue
+    live = session.stats
+    assert live.evictions > 0 and live.remat_ops > 0
+    sim = simulate(load_trace(path), policy, budget=budget, overhead_limit=None)
+    assert sim.status == "ok"
+    assert (sim.evictions, sim.remat_ops, sim.peak_bytes) == (
+        live.evictions, live.remat_ops, live.peak_bytes)

@@ -108,9 +108,9 @@ class Engine:
         t.ext_refs = s.ext_refs = 1
         return t
 
-    def apply(self, op: object, inputs: Sequence[Tensor], out_bytes: Sequence[int],
+    def apply(self, op: object, inputs: Sequence[Tensor], out_bytes: Sequence[int] | None,
               out_alias: Sequence[int] | None = None, cost: float = 0.0,
-              mutated: Sequence[int] = (), pinned: bool = False) -> list[Tensor]:
+              mutated: Sequence[int] = ()) -> list[Tensor]:
         """Run ``op`` on ``inputs``; return its outputs, each with one program reference.
 
         ``out_alias[i]`` is the index of the input whose storage output ``i`` shares (a view,
@@ -118,26 +118,37 @@ class Engine:
         ``mutated`` names an input the op writes: a new version of that input (a storage of
         the same size, kind and pinning) is appended to the outputs, and the caller rebinds
         its handle and releases the old version. Where the new version's bytes live depends
-        on the engine's ``inplace`` mode. ``pinned`` outputs are never evicted (the op cannot
-        be recomputed safely), so they keep no history.
+        on the engine's ``inplace`` mode. With ``out_bytes`` None the outputs
+        are described by the executor's ``probe`` when the op first runs (the live runtime).
         """
         for t in inputs:
             if t.storage.dead:
                 raise EngineError(f"{op!r} reads {t!r}, which was freed for good")
         path = ComputePath(self._next_id(), op, inputs, float(cost))
         path.mutated = tuple(mutated)
+        if out_bytes is None:
+            path.outputs = None  # type: ignore[assignment]  # made by _execute after a probe
+        else:
+            self._outputs(path, out_bytes, out_alias)
+        self._run(path, remat=False)
+        return path.outputs
+
+    def _outputs(self, path: ComputePath, out_bytes: Sequence[int],
+                 out_alias: Sequence[int] | None) -> None:
+        """Create the output tensors of a new path (each with one program reference)."""
+        op, inputs = path.op, path.inputs
         if out_alias is None:
             out_alias = [-1] * len(out_bytes)
         if len(out_alias) != len(out_bytes):
             raise EngineError(f"{op!r}: {len(out_bytes)} output sizes but "
                               f"{len(out_alias)} alias entries")
         kind = self.output_kind
-        specs = [(nbytes, alias, kind, pinned) for nbytes, alias in zip(out_bytes, out_alias,
-                                                                          strict=True)]
-        for i in mutated:
+        specs = [(nbytes, alias, kind, False) for nbytes, alias in zip(out_bytes, out_alias,
+                                                                         strict=True)]
+        for i in path.mutated:
             old = inputs[i].storage
-            specs.append((old.nbytes, -1, old.kind, old.pinned or pinned))
-        outputs = path.outputs
+            specs.append((old.nbytes, -1, old.kind, old.pinned))
+        outputs = path.outputs = []
         for nbytes, alias, kind, pinned in specs:
             if alias >= 0:
                 s = inputs[alias].storage
@@ -153,8 +164,6 @@ class Engine:
             t.ext_refs += 1
             t.storage.ext_refs += 1
         self._link(path)
-        self._run(path, remat=False)
-        return outputs
 
     def retain(self, t: Tensor) -> None:
         """The program took one more reference to ``t`` (a copied handle)."""
@@ -277,6 +286,9 @@ class Engine:
         bytes are held by a temporary duplicate while the op runs (as a real recompute would).
         With recomputable in-place, a new version takes its old value's block (see ``apply``).
         """
+        if p.outputs is None:
+            out_bytes, out_alias, p.cost = self.executor.probe(p)
+            self._outputs(p, out_bytes, out_alias)
         placed: list[Storage] = []
         duplicates: list[Storage] = []
         alloc = self.allocator
@@ -492,8 +504,21 @@ class Engine:
         return True
 
     def pin(self, t: Tensor) -> None:
-        """Never evict the storage of ``t`` from now on (it is unsafe or unwanted to recompute)."""
+        """Never evict the storage of ``t`` from now on (it is unsafe or unwanted to recompute).
+
+        It is materialized first if it was evicted; since it will never be recomputed, its
+        history is dropped, and inputs that only it still needed are freed."""
+        if not t.defined:
+            self.get_value(t)
         s = t.storage
         s.pinned = True
         if s.slot >= 0:
             self.pool.remove(s)
+        parents, s.parents = s.parents, set()
+        if s.ev_parents:
+            s.ev_parents = 0
+        for p in parents:
+            p.children.discard(s)
+            if (self.free_dead and not p.children and p.ext_refs == 0 and p.locks == 0
+                    and not p.dead):
+                self._free(p)

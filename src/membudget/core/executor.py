@@ -18,6 +18,12 @@ class Executor(ABC):
     def run(self, path: ComputePath, remat: bool) -> float:
         """Compute the outputs of ``path`` (inputs are materialized); return its cost."""
 
+    def probe(self, path: ComputePath) -> tuple[list[int], list[int], float]:
+        """Run a new op whose outputs the caller could not describe (its inputs are locked
+        and materialized) and return their bytes, aliased inputs and the op's cost; the
+        following ``run`` only keeps the result."""
+        raise NotImplementedError(f"{type(self).__name__} needs output sizes up front")
+
     @abstractmethod
     def drop(self, storage: Storage) -> None:
         """Release the data of an evicted or dead storage."""

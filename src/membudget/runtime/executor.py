@@ -1,10 +1,10 @@
 """The torch executor: runs aten ops for the engine and holds the real tensors it may drop.
 
 Every engine tensor's value is a real ``torch.Tensor`` kept in ``values`` while its storage is
-resident. An op's first run happens in the session before the engine sees it (its output sizes
-are needed to allocate), so ``run`` only stores that result; a recomputation rebuilds the op's
-arguments from the current values, restores the RNG state the op first ran with, and writes
-the outputs the engine placed. In-place ops write their new version into the old value's
+resident. A new op first runs in ``probe`` (the engine needs its output sizes to make room),
+so ``run`` then only stores that result; a recomputation rebuilds the op's arguments from the
+current values, restores the RNG state the op first ran with, and writes the outputs the
+engine placed. In-place ops write their new version into the old value's
 tensor when the engine handed them its block, and into a copy otherwise (copy-on-write).
 """
 
@@ -37,19 +37,25 @@ class OpCall:
     """One aten call as the engine records it: enough to run it again.
 
     ``leaves``/``spec`` are the flattened (args, kwargs) with engine inputs replaced by
-    :class:`Slot`; ``outputs`` the positions of the recorded outputs among the flattened
-    result; ``rng`` the generator states to restore (random ops only); ``grad`` the grad mode
-    it ran in (some kernels consult it: mkldnn's RNN keeps its workspace only with grad on);
-    ``result`` the tensors of the first run until the engine has accepted them.
+    :class:`Slot`; ``random`` whether it draws random numbers, and then ``rng`` the generator
+    states of its first run; ``grad`` the grad mode it ran in (some kernels consult it:
+    mkldnn's RNN keeps its workspace only with grad on). After the first run, ``outputs`` are
+    the positions of the recorded tensors in the flattened result, ``result`` those tensors
+    until the engine takes them, and ``returned`` the whole flattened result (with its
+    ``returned_spec``) until the session has wrapped it.
     """
 
     func: torch._ops.OpOverload
     leaves: list[Any]
     spec: TreeSpec
-    outputs: list[int]
-    rng: tuple[torch.Tensor | None, list[tuple[torch.Generator, torch.Tensor]]] | None = None
+    random: bool = False
+    outputs: list[int] = field(default_factory=list)
+    rng: tuple | None = None
     result: list[torch.Tensor] | None = field(default=None, repr=False)
+    returned: list[Any] | None = field(default=None, repr=False)
+    returned_spec: TreeSpec | None = None
     grad: bool = field(default_factory=torch.is_grad_enabled)
+    cost: float = 0.0  # measured on the first run (ns)
 
     def __repr__(self) -> str:
         return str(self.func)
@@ -94,6 +100,23 @@ class TorchExecutor(Executor):
     def __init__(self) -> None:
         self.values: dict[int, torch.Tensor] = {}
 
+    def probe(self, path: ComputePath) -> tuple[list[int], list[int], float]:
+        call: OpCall = path.op
+        real = [self.values[t.id] for t in path.inputs]
+        args, kwargs = tree_unflatten(
+            [real[x.index] if type(x) is Slot else x for x in call.leaves], call.spec)
+        if call.random:
+            call.rng = capture_rng(_devices(real), _generators(call.leaves))
+        t0 = perf_counter_ns()
+        out = call.func(*args, **kwargs)
+        cost = call.cost = float(perf_counter_ns() - t0)
+        flat, call.returned_spec = tree_flatten(out)
+        call.outputs = [k for k, o in enumerate(flat) if isinstance(o, torch.Tensor)]
+        call.result = [flat[k] for k in call.outputs]
+        call.returned = flat
+        out_bytes, out_alias = _layout(call.result, real)
+        return out_bytes, out_alias, cost
+
     def run(self, path: ComputePath, remat: bool) -> float:
         call: OpCall = path.op
         outputs = path.outputs
@@ -104,7 +127,7 @@ class TorchExecutor(Executor):
         else:  # an in-place op's first run: it must see where the engine put its versions
             t0 = perf_counter_ns()
             results = self._rerun(path, call, remat)
-            path.cost = float(perf_counter_ns() - t0)
+            path.cost = call.cost = float(perf_counter_ns() - t0)
             for t in outputs:
                 t.storage.cost += path.cost
         values = self.values
@@ -119,6 +142,8 @@ class TorchExecutor(Executor):
         the RNG state of the first run and leaves the current one as it was."""
         values = self.values
         ins = [values[t.id] for t in path.inputs]
+        if call.random and call.rng is None:
+            call.rng = capture_rng(_devices(ins), _generators(call.leaves))
         mutated = path.mutated
         firsts = len(path.outputs) - len(mutated)
         reused = path.reused
@@ -165,3 +190,28 @@ def copy_of(v: torch.Tensor) -> torch.Tensor:
     base = torch.empty(0, dtype=v.dtype, device=v.device).set_(
         v.untyped_storage().clone(), 0, (v.untyped_storage().nbytes() // v.element_size(),))
     return base.as_strided(v.size(), v.stride(), v.storage_offset())
+
+
+def _layout(tensors: list[torch.Tensor], inputs: list[torch.Tensor]
+            ) -> tuple[list[int], list[int]]:
+    """Bytes and aliased input of each output: a view shares its input's storage."""
+    owners = {}
+    for i, v in enumerate(inputs):
+        st = v.untyped_storage()
+        if st.nbytes():
+            owners.setdefault((st.data_ptr(), v.device), i)
+    out_bytes, out_alias = [], []
+    for o in tensors:
+        st = o.untyped_storage()
+        i = owners.get((st.data_ptr(), o.device), -1) if st.nbytes() else -1
+        out_alias.append(i)
+        out_bytes.append(0 if i >= 0 else st.nbytes())
+    return out_bytes, out_alias
+
+
+def _devices(values: list[torch.Tensor]) -> list[torch.device]:
+    return list({v.device for v in values if v.device.type != "cpu"})
+
+
+def _generators(leaves: list[Any]) -> list[torch.Generator]:
+    return [x for x in leaves if isinstance(x, torch.Generator)]

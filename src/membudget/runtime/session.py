@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Callable
 from contextlib import ContextDecorator
 from dataclasses import dataclass, field
-from time import perf_counter_ns
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,7 +33,8 @@ from membudget.core.engine import Engine
 from membudget.core.records import Tensor
 from membudget.errors import BudgetTooSmallError, MembudgetError, OutOfBudget
 from membudget.runtime.classify import op_info
-from membudget.runtime.executor import OpCall, Slot, TorchExecutor, capture_rng
+from membudget.runtime.executor import OpCall, Slot, TorchExecutor
+from membudget.runtime.recording import Recording
 from membudget.runtime.tensor import Ref, RematTensor, value_of
 from membudget.units import parse_bytes
 
@@ -68,11 +69,13 @@ class Session(ContextDecorator):
     """A memory budget for the code inside ``with``; see :func:`membudget.budget`."""
 
     def __init__(self, budget: int | str, policy: str = "dtr-eq", allocator: str | None = None,
-                 inplace: str | None = None) -> None:
+                 inplace: str | None = None, record: str | Path | None = None) -> None:
         self.budget_bytes = parse_bytes(budget) if isinstance(budget, str) else int(budget)
         if self.budget_bytes <= 0:
             raise MembudgetError(f"a budget must be > 0 bytes, got {budget!r}")
         self.policy, self.allocator, self.inplace = policy, allocator, inplace
+        self.record = record
+        self.recording = Recording()
         self.engine: Engine | None = None
         self.stats = SessionStats(self.budget_bytes)
         self._mode: _Mode | None = None
@@ -88,6 +91,7 @@ class Session(ContextDecorator):
         self._refs: weakref.WeakSet[Ref] = weakref.WeakSet()
         self._pending: list[Tensor] = []
         self._busy = False
+        self.recording = Recording()
         self._mode = _Mode(self)
         self._mode.__enter__()
         return self
@@ -101,6 +105,17 @@ class Session(ContextDecorator):
             if mode is not None:
                 mode.__exit__(None, None, None)
             self._close()
+        if exc_type is None and self.record is not None:
+            self.trace(self.record)
+
+    def trace(self, path: str | Path) -> Path:
+        """Write this session's run as a trace the simulator can replay."""
+        eng = self.engine
+        header = {"model": "live", "source": "membudget.budget", "cost_unit": "ns",
+                  "cost_source": "measured", "policy": self.policy,
+                  "allocator": eng.allocator.name if eng else self.allocator,
+                  "budget_bytes": self.budget_bytes}
+        return self.recording.write(path, header)
 
     def _hand_out(self) -> None:
         """Give every live wrapper its value and every leaf a plain gradient, so that what
@@ -112,6 +127,10 @@ class Session(ContextDecorator):
             g = tensor.grad
             if type(g) is RematTensor:
                 tensor.grad = value_of(g)
+        for ref in list(self._refs):  # the program's references end with the session
+            if ref.handle is not None:
+                self.release(ref.handle)
+                ref.handle = None
 
     def _close(self) -> None:
         eng = self.engine
@@ -140,13 +159,16 @@ class Session(ContextDecorator):
     def _drain(self) -> None:
         pending, eng = self._pending, self.engine
         while pending and eng is not None:
-            eng.release(pending.pop())
+            h = pending.pop()
+            self.recording.release(h)
+            eng.release(h)
 
     def read(self, handle: Tensor) -> torch.Tensor:
         """The value of ``handle``, recomputed if it was evicted."""
         if self.engine is None:
             raise MembudgetError("this tensor belonged to a membudget session that ended with "
                                  "an error; its value is gone")
+        self.recording.get(handle)
         with _disable_current_modes():  # recomputations run the real ops, not this mode
             return self._guarded(lambda: self.engine.get_value(handle))
 
@@ -173,6 +195,7 @@ class Session(ContextDecorator):
         assert eng is not None
         kind = "parameter" if isinstance(x, torch.nn.Parameter) else "leaf"
         h = eng.put(st.nbytes(), kind)
+        self.recording.put(h, kind)
         self.executor.values[h.id] = x
         self._leaves[key] = (x, h)
         return h
@@ -202,11 +225,12 @@ class Session(ContextDecorator):
         objects: list[Any] = []  # the tensor object behind each input
         for x in flat:
             if isinstance(x, torch.Tensor):
-                ref = getattr(x, "_ref", None) if type(x) is RematTensor else None
-                if ref is not None and ref.session is self:
+                if type(x) is RematTensor:
+                    ref = x._ref
+                    if ref.session is not self:
+                        raise MembudgetError(f"{func} got a tensor of another membudget "
+                                             "session, or of one that ended with an error")
                     h = ref.handle
-                elif type(x) is RematTensor:
-                    raise MembudgetError(f"{func} got a tensor of another membudget session")
                 else:
                     h = self._leaf(x)
                 leaves.append(Slot(len(inputs)))
@@ -215,107 +239,50 @@ class Session(ContextDecorator):
             else:
                 leaves.append(x)
         info = op_info(func)
-        if info.writes:
-            return self._mutating(func, info, args, kwargs, inputs, leaves, spec, objects)
-        eng.acquire(inputs)
-        try:
-            values = self.executor.values
-            real = [values[t.id] for t in inputs]
-            call_args, call_kwargs = tree_unflatten(
-                [real[x.index] if type(x) is Slot else x for x in leaves], spec)
-            rng = capture_rng(_devices(real), _generators(flat)) if info.random else None
-            t0 = perf_counter_ns()
-            out = func(*call_args, **call_kwargs)
-            cost = float(perf_counter_ns() - t0)
-        finally:
-            eng.unacquire(inputs)
-        out_flat, out_spec = tree_flatten(out)
-        positions = [k for k, o in enumerate(out_flat) if isinstance(o, torch.Tensor)]
-        if not positions:
-            return out  # a read (item, is_nonzero, ...): nothing to record
-        tensors = [out_flat[k] for k in positions]
-        out_bytes, out_alias = _layout(tensors, real)
-        call = OpCall(func, leaves, spec, positions, rng, tensors)
-        handles = eng.apply(call, inputs, out_bytes, out_alias, cost)
-        for k, v, h in zip(positions, tensors, handles, strict=True):
-            out_flat[k] = self._wrap(v, h)
-        return tree_unflatten(out_flat, out_spec)
-
-    def _mutating(self, func: Any, info: Any, args: tuple, kwargs: dict,
-                  inputs: list[Tensor], leaves: list[Any], spec: Any,
-                  objects: list[Any]) -> Any:
-        """Ops that write memory: versions when the engine owns everything written and the
-        op returns only what it wrote; otherwise run as they are, with pinned outputs."""
-        eng = self.engine
-        assert eng is not None
+        call = OpCall(func, leaves, spec, info.random)
+        rec = self.recording
+        if not info.writes:
+            handles = eng.apply(call, inputs, None)
+            rec.call(func, inputs, handles, call.cost)
+            return self._returned(call, handles)
         written = {id(o) for w in info.written(args, kwargs)
                    for o in (w if isinstance(w, (list, tuple)) else (w,))
                    if isinstance(o, torch.Tensor)}
         mutated = [i for i, o in enumerate(objects) if id(o) in written]
-        versionable = (all(type(objects[i]) is RematTensor and _sole_reference(inputs[i])
-                           for i in mutated)
-                       and len({inputs[i].storage for i in mutated}) == len(mutated))
-        if versionable:
-            flat_objs = {id(objects[i]) for i in mutated}
-            rng = None
-            if info.random:
-                eng.acquire(inputs)
-                try:
-                    real = [self.executor.values[t.id] for t in inputs]
-                    rng = capture_rng(_devices(real), _generators(leaves))
-                finally:
-                    eng.unacquire(inputs)
-            call = OpCall(func, leaves, spec, [], rng, None)
+        if (all(type(objects[i]) is RematTensor and _sole_reference(inputs[i])
+                for i in mutated)
+                and len({inputs[i].storage for i in mutated}) == len(mutated)
+                and _returns_only_written(func)):
+            # a write the engine can version: the written wrappers move to the new versions
             versions = eng.apply(call, inputs, [], [], 0.0, mutated)
+            rec.mutation(func, inputs, mutated, versions, call.cost)
             for i, h in zip(mutated, versions, strict=True):
                 objects[i]._ref.rebind(h)
-            return _returned(func, args, kwargs, flat_objs)
-        return self._opaque(func, args, kwargs, inputs, leaves, spec, mutated)
-
-    def _opaque(self, func: Any, args: tuple, kwargs: dict, inputs: list[Tensor],
-                leaves: list[Any], spec: Any, mutated: list[int]) -> Any:
-        """Run a write the engine cannot version: in place, with its outputs pinned."""
-        eng = self.engine
-        assert eng is not None
+            return _written_result(func, [objects[i] for i in mutated])
         for i in mutated:
-            s = inputs[i].storage
-            if any(not c.dead for c in s.children):
+            if any(not c.dead for c in inputs[i].storage.children):
                 raise NotImplementedError(
                     f"{func} writes a tensor that earlier recorded ops read, outside what the "
                     "engine can version (memory it does not own, or a storage other live views "
                     "share); their results could not be recomputed after it. Run this op "
                     "outside the membudget session.")
-        eng.acquire(inputs)
-        try:
-            real = [self.executor.values[t.id] for t in inputs]
-            call_args, call_kwargs = tree_unflatten(
-                [real[x.index] if type(x) is Slot else x for x in leaves], spec)
-            t0 = perf_counter_ns()
-            out = func(*call_args, **call_kwargs)
-            cost = float(perf_counter_ns() - t0)
-        finally:
-            eng.unacquire(inputs)
-        for i in mutated:
-            eng.pin(inputs[i])
-        out_flat, out_spec = tree_flatten(out)
-        by_ptr = {id(v): i for i, v in enumerate(real)}
-        fresh = []
-        for k, o in enumerate(out_flat):
-            if not isinstance(o, torch.Tensor):
-                continue
-            i = by_ptr.get(id(o))
-            if i is not None:  # returns an input as it is (add_ returns self)
-                out_flat[k] = tree_flatten((args, kwargs))[0][_flat_index(leaves, i)]
-            else:
-                fresh.append(k)
-        if fresh:
-            tensors = [out_flat[k] for k in fresh]
-            out_bytes, out_alias = _layout(tensors, real)
-            call = OpCall(func, leaves, spec, fresh, None, tensors)
-            handles = eng.apply(call, inputs, out_bytes, out_alias, cost, pinned=True)
-            for k, v, h in zip(fresh, tensors, handles, strict=True):
-                out_flat[k] = self._wrap(v, h)
-        return tree_unflatten(out_flat, out_spec)
+        handles = eng.apply(call, inputs, None)
+        rec.call(func, inputs, handles, call.cost)
+        # never recomputed (it would write again), and what it overwrote in place no longer
+        # matches its history
+        for h in [*handles, *(inputs[i] for i in mutated)]:
+            rec.pin(h)
+            eng.pin(h)
+        return self._returned(call, handles)
+
+    def _returned(self, call: OpCall, handles: list[Tensor]) -> Any:
+        """The op's result with each recorded tensor replaced by its wrapper."""
+        flat, spec = call.returned, call.returned_spec
+        call.returned = None  # the op's record must not keep the first result alive
+        assert flat is not None and spec is not None
+        for k, h in zip(call.outputs, handles, strict=True):
+            flat[k] = self._wrap(flat[k], h)
+        return tree_unflatten(flat, spec)
 
 
 def _sole_reference(t: Tensor) -> bool:
@@ -324,51 +291,29 @@ def _sole_reference(t: Tensor) -> bool:
     return all(o is t or o.ext_refs == 0 for o in t.storage.tensors)
 
 
-def _flat_index(leaves: list[Any], i: int) -> int:
-    return next(k for k, x in enumerate(leaves) if type(x) is Slot and x.index == i)
+def _returns_only_written(func: Any) -> bool:
+    """Does the op return nothing but (aliases of) the arguments it writes?"""
+    return all(r.alias_info is not None and r.alias_info.is_write
+               for r in func._schema.returns)
 
 
-def _returned(func: Any, args: tuple, kwargs: dict, written: set[int]) -> Any:
-    """What an in-place or out= op returns: the arguments it wrote, as the caller passed them."""
-    flat = [x for x in tree_flatten((args, kwargs))[0] if id(x) in written]
+def _written_result(func: Any, written: list[Any]) -> Any:
+    """What an in-place or out= op returns: the tensors it wrote, as the caller passed them."""
     returns = func._schema.returns
     if not returns:
         return None
-    if len(returns) == 1 and len(flat) == 1:
-        return flat[0]
-    return tuple(flat) if len(returns) > 1 else flat
-
-
-def _layout(tensors: list[torch.Tensor], inputs: list[torch.Tensor]
-            ) -> tuple[list[int], list[int]]:
-    """Bytes and aliased input of each output: a view shares its input's storage."""
-    owners = {}
-    for i, v in enumerate(inputs):
-        st = v.untyped_storage()
-        if st.nbytes():
-            owners.setdefault((st.data_ptr(), v.device), i)
-    out_bytes, out_alias = [], []
-    for o in tensors:
-        st = o.untyped_storage()
-        i = owners.get((st.data_ptr(), o.device), -1) if st.nbytes() else -1
-        out_alias.append(i)
-        out_bytes.append(0 if i >= 0 else st.nbytes())
-    return out_bytes, out_alias
-
-
-def _devices(values: list[torch.Tensor]) -> list[torch.device]:
-    return list({v.device for v in values if v.device.type != "cpu"})
-
-
-def _generators(flat: list[Any]) -> list[torch.Generator]:
-    return [x for x in flat if isinstance(x, torch.Generator)]
+    if len(returns) == 1 and not str(returns[0].type).endswith("[]"):
+        return written[0]
+    return tuple(written) if len(returns) > 1 else written
 
 
 def budget(nbytes: int | str, policy: str = "dtr-eq", *, allocator: str | None = None,
-           inplace: str | None = None) -> Session:
+           inplace: str | None = None, record: str | Path | None = None) -> Session:
     """A memory budget for PyTorch code: ``with membudget.budget("1.5 GiB"):`` (or as a
-    decorator). Tensors made inside are evicted and recomputed as needed to stay within it."""
-    return Session(nbytes, policy, allocator, inplace)
+    decorator). Tensors made inside are evicted and recomputed as needed to stay within it.
+    ``policy``, ``allocator`` and ``inplace`` take the simulator's names; ``record`` writes
+    the run as a trace when the session ends (or call ``session.trace(path)``)."""
+    return Session(nbytes, policy, allocator, inplace, record)
 
 
 __all__ = ["Session", "SessionStats", "budget"]

@@ -7,7 +7,17 @@ from collections.abc import Iterable
 from membudget.core.engine import Engine
 from membudget.core.records import Tensor
 from membudget.errors import TraceError
-from membudget.trace.format import CALL, COPY, COPY_FROM, GET, PHASE, PUT, RELEASE, Event
+from membudget.trace.format import (
+    CALL,
+    COPY,
+    COPY_FROM,
+    GET,
+    PHASE,
+    PIN,
+    PUT,
+    RELEASE,
+    Event,
+)
 
 
 def replay(engine: Engine, events: Iterable[Event], source: object = "<trace>") -> None:
@@ -47,6 +57,8 @@ def replay(engine: Engine, events: Iterable[Event], source: object = "<trace>") 
                     handles[ev[3]] = t
             elif kind == GET:
                 engine.get_value(handles[ev[2]])
+            elif kind == PIN:
+                engine.pin(handles[ev[2]])
             elif kind == PHASE:  # what the program computes from here on
                 engine.output_kind = "gradient" if ev[2] == "backward" else "activation"
             else:

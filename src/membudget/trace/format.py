@@ -28,6 +28,7 @@ COPY = "copy"  # src, dst: dst is a new handle to src's tensor
 COPY_FROM = "copy_from"  # src, dst: dst now refers to src's tensor (its old value is released)
 RELEASE = "release"  # tid
 GET = "get"  # tid: the program reads the value
+PIN = "pin"  # tid: never evict its storage from now on (its op cannot be recomputed safely)
 PHASE = "phase"  # name: a marker such as "backward"
 
 Event = tuple
@@ -138,7 +139,7 @@ def event_to_json(ev: Event) -> dict[str, Any]:
         return {"ev": PUT, "t": ev[2], "bytes": ev[3], "kind": ev[4]}
     if kind in (COPY, COPY_FROM):
         return {"ev": kind, "src": ev[2], "t": ev[3]}
-    if kind in (RELEASE, GET):
+    if kind in (RELEASE, GET, PIN):
         return {"ev": kind, "t": ev[2]}
     if kind == PHASE:
         return {"ev": PHASE, "name": ev[2]}
@@ -198,7 +199,7 @@ def parse_event(obj: Any, path: object, line: int) -> Event:
         if not isinstance(op, str):
             raise TraceError(path, line, f"field 'op' must be a string, got {op!r}")
         return (CALL, line, op, ins, outs, nbytes, alias, float(cost), mut)
-    if kind in (RELEASE, GET):
+    if kind in (RELEASE, GET, PIN):
         return (kind, line, _int(obj, "t", path, line))
     if kind in (COPY, COPY_FROM):
         return (kind, line, _int(obj, "src", path, line), _int(obj, "t", path, line))
@@ -210,7 +211,7 @@ def parse_event(obj: Any, path: object, line: int) -> Event:
     if kind == PHASE:
         return (PHASE, line, str(obj.get("name", "")))
     raise TraceError(path, line, f"unknown event {kind!r}; expected one of "
-                                 f"{[PUT, CALL, COPY, COPY_FROM, RELEASE, GET, PHASE]}")
+                                 f"{[PUT, CALL, COPY, COPY_FROM, RELEASE, GET, PIN, PHASE]}")
 
 
 def iter_trace(path: str | Path) -> tuple[dict[str, Any], Iterator[Event]]:
