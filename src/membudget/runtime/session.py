@@ -38,6 +38,8 @@ from membudget.runtime.recording import Recording
 from membudget.runtime.tensor import Ref, RematTensor, value_of
 from membudget.units import parse_bytes
 
+aten = torch.ops.aten
+
 
 @dataclass
 class SessionStats:
@@ -88,6 +90,7 @@ class Session(ContextDecorator):
         self.engine = Engine(self.budget_bytes, self.policy, self.allocator, self.executor,
                              inplace=self.inplace)
         self._leaves: dict[tuple, tuple[torch.Tensor, Tensor]] = {}
+        self._bases: dict[tuple, Tensor] = {}  # real storage -> its leaf
         self._refs: weakref.WeakSet[Ref] = weakref.WeakSet()
         self._pending: list[Tensor] = []
         self._busy = False
@@ -144,6 +147,7 @@ class Session(ContextDecorator):
             ref.session = None
             ref.handle = None
         self._leaves = {}
+        self._bases = {}
         self.engine = None
         self.executor = TorchExecutor()
 
@@ -184,19 +188,31 @@ class Session(ContextDecorator):
         return RematTensor(value, ref)
 
     def _leaf(self, x: torch.Tensor) -> Tensor:
-        """The engine handle of a plain tensor (a pinned leaf, one per storage and view)."""
+        """The engine handle of a plain tensor: one pinned leaf per real storage, counted
+        once, and other views of that storage (DDP's bucket views, say) as views of it."""
         st = x.untyped_storage()
-        key = (st.data_ptr(), x.device, x.dtype, tuple(x.size()), tuple(x.stride()),
-               x.storage_offset())
+        where = (st.data_ptr(), x.device)
+        key = (where, x.dtype, tuple(x.size()), tuple(x.stride()), x.storage_offset())
         hit = self._leaves.get(key)
         if hit is not None:
             return hit[1]
         eng = self.engine
         assert eng is not None
-        kind = "parameter" if isinstance(x, torch.nn.Parameter) else "leaf"
-        h = eng.put(st.nbytes(), kind)
-        self.recording.put(h, kind)
-        self.executor.values[h.id] = x
+        base = self._bases.get(where)
+        if base is None or self.executor.values[base.id].dtype != x.dtype:
+            kind = "parameter" if isinstance(x, torch.nn.Parameter) else "leaf"
+            h = eng.put(st.nbytes(), kind)
+            self.recording.put(h, kind)
+            self.executor.values[h.id] = x
+            self._bases.setdefault(where, h)
+        else:
+            view = aten.as_strided.default
+            leaves, spec = tree_flatten(((Slot(0), list(x.size()), list(x.stride()),
+                                          x.storage_offset()), {}))
+            call = OpCall(view, leaves, spec)
+            (h,) = eng.apply(call, [base], None)
+            call.returned = None
+            self.recording.call(view, [base], [h], call.cost)
         self._leaves[key] = (x, h)
         return h
 
