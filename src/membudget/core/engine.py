@@ -216,10 +216,15 @@ class Engine:
 
     # ------------------------------------------------------------------ graph
     def _link(self, path: ComputePath) -> None:
-        """Add the storage-level edges of a new path and charge its cost to its outputs."""
-        in_storages = {t.storage for t in path.inputs}
-        for s in {t.storage for t in path.outputs}:
-            s.cost += path.cost
+        """Add the storage-level edges of a new path and charge its cost to its outputs
+        (to the new versions of a writing op only once it has run: a live runtime learns
+        that cost by running it, and a replay must place those versions the same way)."""
+        in_storages = dict.fromkeys(t.storage for t in path.inputs)
+        first = len(path.outputs) - len(path.mutated)
+        versions = [t.storage for t in path.outputs[first:]]
+        for s in dict.fromkeys(t.storage for t in path.outputs):
+            if s not in versions:
+                s.cost += path.cost
             if s.slot >= 0:
                 self.pool.cost[s.slot] = s.cost
             if s.pinned:  # never recomputed: its history must not keep its inputs alive
@@ -227,8 +232,8 @@ class Engine:
             for p in in_storages:
                 if p is s or p in s.parents:
                     continue
-                s.parents.add(p)
-                p.children.add(s)
+                s.parents[p] = None
+                p.children[s] = None
                 if p.evicted:
                     s.ev_parents += 1
                     if s.slot >= 0:
@@ -313,6 +318,9 @@ class Engine:
                 placed.append(s)
             p.reused = reused
             cost = self.executor.run(p, remat)
+            if p.mutated and not remat:
+                for t in p.outputs[len(p.outputs) - len(p.mutated):]:
+                    t.storage.cost += p.cost
             p.reused = {}
             for old in reused.values():  # its bytes now hold the new version
                 self._evict(old, freed=False)
@@ -355,7 +363,7 @@ class Engine:
             if not old.resident or old in out.values():
                 continue
             recomputable = not old.pinned and old.tensors[0].producer is not None
-            unneeded = not (old.children - {new}) and old.ext_refs <= 1
+            unneeded = all(c is new for c in old.children) and old.ext_refs <= 1
             if recomputable or unneeded:
                 out[new] = old
                 self.stats.inplace_reuses += 1
@@ -459,10 +467,10 @@ class Engine:
                 t.defined = False
                 t.producer = None  # let the history be garbage-collected
             for p in s.parents:
-                p.children.discard(s)
+                p.children.pop(s, None)
                 if not p.children and p.ext_refs == 0 and p.locks == 0:
                     work.append(p)
-            s.parents = set()
+            s.parents = {}
 
     def _lock(self, s: Storage) -> None:
         s.locks += 1
@@ -514,11 +522,11 @@ class Engine:
         s.pinned = True
         if s.slot >= 0:
             self.pool.remove(s)
-        parents, s.parents = s.parents, set()
+        parents, s.parents = s.parents, {}
         if s.ev_parents:
             s.ev_parents = 0
         for p in parents:
-            p.children.discard(s)
+            p.children.pop(s, None)
             if (self.free_dead and not p.children and p.ext_refs == 0 and p.locks == 0
                     and not p.dead):
                 self._free(p)

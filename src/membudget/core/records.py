@@ -22,7 +22,7 @@ class Storage:
 
     __slots__ = (
         "block",  # the layout-aware allocator's Block holding its bytes (None otherwise)
-        "children",  # storages computed from this one that are not dead
+        "children",  # storages computed from this one that are not dead (an ordered set)
         "cost",  # summed cost of the distinct paths producing its tensors (views included)
         "dead",
         "ev_children",  # how many children are evicted (kept by the engine for policies)
@@ -35,7 +35,7 @@ class Storage:
         "last_access",  # logical clock of the last read or write
         "locks",  # > 0 while it is an input of an op being run
         "nbytes",
-        "parents",  # storages whose tensors are inputs of its producers
+        "parents",  # storages whose tensors are inputs of its producers (an ordered set)
         "pinned",  # never evicted (leaves, constants, unsafe-to-recompute outputs)
         "remats",  # how many times it was rematerialized
         "resident",
@@ -57,8 +57,10 @@ class Storage:
         self.cost = 0.0
         self.last_access = 0.0
         self.tensors: list[Tensor] = []
-        self.parents: set[Storage] = set()
-        self.children: set[Storage] = set()
+        # dicts used as insertion-ordered sets: walks over them (and float sums along them)
+        # then happen in the same order in a live run and in its replay
+        self.parents: dict[Storage, None] = {}
+        self.children: dict[Storage, None] = {}
         self.ev_parents = 0
         self.ev_children = 0
         self.slot = -1

@@ -17,10 +17,10 @@ from time import perf_counter_ns
 from typing import Any
 
 import torch
-from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from membudget.core.executor import Executor
 from membudget.core.records import ComputePath, Storage, Tensor
+from membudget.runtime.flat import Spec, flatten_result, unflatten
 
 
 class Slot:
@@ -42,18 +42,18 @@ class OpCall:
     mkldnn's RNN keeps its workspace only with grad on). After the first run, ``outputs`` are
     the positions of the recorded tensors in the flattened result, ``result`` those tensors
     until the engine takes them, and ``returned`` the whole flattened result (with its
-    ``returned_spec``) until the session has wrapped it.
+    ``returned_kind``) until the session has wrapped it.
     """
 
     func: torch._ops.OpOverload
     leaves: list[Any]
-    spec: TreeSpec
+    spec: Spec
     random: bool = False
     outputs: list[int] = field(default_factory=list)
     rng: tuple | None = None
     result: list[torch.Tensor] | None = field(default=None, repr=False)
     returned: list[Any] | None = field(default=None, repr=False)
-    returned_spec: TreeSpec | None = None
+    returned_kind: type | None = None
     grad: bool = field(default_factory=torch.is_grad_enabled)
     cost: float = 0.0  # measured on the first run (ns)
 
@@ -103,14 +103,14 @@ class TorchExecutor(Executor):
     def probe(self, path: ComputePath) -> tuple[list[int], list[int], float]:
         call: OpCall = path.op
         real = [self.values[t.id] for t in path.inputs]
-        args, kwargs = tree_unflatten(
+        args, kwargs = unflatten(
             [real[x.index] if type(x) is Slot else x for x in call.leaves], call.spec)
         if call.random:
             call.rng = capture_rng(_devices(real), _generators(call.leaves))
         t0 = perf_counter_ns()
         out = call.func(*args, **kwargs)
         cost = call.cost = float(perf_counter_ns() - t0)
-        flat, call.returned_spec = tree_flatten(out)
+        flat, call.returned_kind = flatten_result(out)
         call.outputs = [k for k, o in enumerate(flat) if isinstance(o, torch.Tensor)]
         call.result = [flat[k] for k in call.outputs]
         call.returned = flat
@@ -128,8 +128,6 @@ class TorchExecutor(Executor):
             t0 = perf_counter_ns()
             results = self._rerun(path, call, remat)
             path.cost = call.cost = float(perf_counter_ns() - t0)
-            for t in outputs:
-                t.storage.cost += path.cost
         values = self.values
         for t, v in zip(outputs, results, strict=True):
             if t.storage.resident:
@@ -152,14 +150,14 @@ class TorchExecutor(Executor):
             if reused.get(new) is None:
                 ins[i] = copy_of(ins[i])
         leaves = [ins[x.index] if type(x) is Slot else x for x in call.leaves]
-        args, kwargs = tree_unflatten(leaves, call.spec)
+        args, kwargs = unflatten(leaves, call.spec)
         with below_autograd(call.grad):
             if remat and call.rng is not None:
                 with _RestoredRng(call.rng):
                     out = call.func(*args, **kwargs)
             else:
                 out = call.func(*args, **kwargs)
-        flat = tree_flatten(out)[0]
+        flat = flatten_result(out)[0]
         return [flat[k] for k in call.outputs] + [ins[i] for i in mutated]
 
     def drop(self, storage: Storage) -> None:

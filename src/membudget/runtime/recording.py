@@ -15,9 +15,12 @@ from typing import Any
 from membudget.core.records import Tensor
 from membudget.trace.format import CALL, GET, PIN, PUT, RELEASE, Event, write_trace
 
+_RAW_CALL = object()  # a call not yet turned into a trace event
+
 
 class Recording:
-    """Events of one session, appended as the session issues engine commands."""
+    """Events of one session, appended as the session issues engine commands (kept raw,
+    with the engine's records, and turned into trace events only when written)."""
 
     def __init__(self) -> None:
         self.events: list[Event] = []
@@ -32,15 +35,18 @@ class Recording:
 
     def call(self, op: object, inputs: Sequence[Tensor], outputs: Sequence[Tensor],
              cost: float) -> None:
+        self.events.append((_RAW_CALL, op, inputs, outputs, cost))
+
+    def _call_event(self, op: object, inputs: Sequence[Tensor], outputs: Sequence[Tensor],
+                    cost: float) -> Event:
         out_bytes, out_alias = [], []
         for h in outputs:
             k = next((k for k, t in enumerate(inputs) if t.storage is h.storage), -1) \
                 if h.alias else -1
             out_alias.append(k)
             out_bytes.append(0 if k >= 0 else h.storage.nbytes)
-        self.events.append((CALL, None, str(op), tuple(self.tid(t) for t in inputs),
-                            tuple(h.id for h in outputs), tuple(out_bytes), tuple(out_alias),
-                            cost, ()))
+        return (CALL, None, str(op), tuple(self.tid(t) for t in inputs),
+                tuple(h.id for h in outputs), tuple(out_bytes), tuple(out_alias), cost, ())
 
     def mutation(self, op: object, inputs: Sequence[Tensor], mutated: Sequence[int],
                  versions: Sequence[Tensor], cost: float) -> None:
@@ -65,5 +71,6 @@ class Recording:
         self.events.append((PIN, None, self.tid(h)))
 
     def write(self, path: str | Path, header: dict[str, Any]) -> Path:
-        write_trace(path, header, self.events)
+        write_trace(path, header, (self._call_event(*ev[1:]) if ev[0] is _RAW_CALL else ev
+                                   for ev in self.events))
         return Path(path)

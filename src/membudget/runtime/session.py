@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from membudget.core.engine import Engine
 from membudget.core.records import Tensor
 from membudget.errors import BudgetTooSmallError, MembudgetError, OutOfBudget
 from membudget.runtime.classify import op_info
 from membudget.runtime.executor import OpCall, Slot, TorchExecutor
+from membudget.runtime.flat import flatten, unflatten_result
 from membudget.runtime.recording import Recording
 from membudget.runtime.tensor import Ref, RematTensor, value_of
 from membudget.units import parse_bytes
@@ -157,15 +157,22 @@ class Session(ContextDecorator):
         if self.engine is None:
             return
         self._pending.append(handle)
-        if not self._busy:
-            self._drain()
+        self._drain()
 
     def _drain(self) -> None:
+        """Release what is pending. Engine work is never re-entered: a wrapper that the
+        garbage collector frees meanwhile only joins the queue."""
+        if self._busy:
+            return
         pending, eng = self._pending, self.engine
-        while pending and eng is not None:
-            h = pending.pop()
-            self.recording.release(h)
-            eng.release(h)
+        self._busy = True
+        try:
+            while pending and eng is not None:
+                h = pending.pop()
+                self.recording.release(h)
+                eng.release(h)
+        finally:
+            self._busy = False
 
     def read(self, handle: Tensor) -> torch.Tensor:
         """The value of ``handle``, recomputed if it was evicted."""
@@ -207,8 +214,8 @@ class Session(ContextDecorator):
             self._bases.setdefault(where, h)
         else:
             view = aten.as_strided.default
-            leaves, spec = tree_flatten(((Slot(0), list(x.size()), list(x.stride()),
-                                          x.storage_offset()), {}))
+            leaves, spec = flatten((Slot(0), list(x.size()), list(x.stride()),
+                                    x.storage_offset()), {})
             call = OpCall(view, leaves, spec)
             (h,) = eng.apply(call, [base], None)
             call.returned = None
@@ -235,7 +242,7 @@ class Session(ContextDecorator):
     def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         eng = self.engine
         assert eng is not None
-        flat, spec = tree_flatten((args, kwargs))
+        flat, spec = flatten(args, kwargs)
         inputs: list[Tensor] = []
         leaves: list[Any] = []
         objects: list[Any] = []  # the tensor object behind each input
@@ -293,12 +300,12 @@ class Session(ContextDecorator):
 
     def _returned(self, call: OpCall, handles: list[Tensor]) -> Any:
         """The op's result with each recorded tensor replaced by its wrapper."""
-        flat, spec = call.returned, call.returned_spec
+        flat = call.returned
         call.returned = None  # the op's record must not keep the first result alive
-        assert flat is not None and spec is not None
+        assert flat is not None
         for k, h in zip(call.outputs, handles, strict=True):
             flat[k] = self._wrap(flat[k], h)
-        return tree_unflatten(flat, spec)
+        return unflatten_result(flat, call.returned_kind)
 
 
 def _sole_reference(t: Tensor) -> bool:

@@ -38,7 +38,7 @@ class DTREq(CostPolicy):
     use_children = True
 
     def neighbour_cost(self, s: Storage) -> float:
-        roots = {_find(n.uf) for n in chain(s.parents, s.children) if n.evicted}
+        roots = dict.fromkeys(_find(n.uf) for n in chain(s.parents, s.children) if n.evicted)
         return sum(r.val for r in roots)
 
     def on_evict(self, s: Storage) -> None:

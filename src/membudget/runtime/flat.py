@@ -1,0 +1,56 @@
+"""Flattening aten arguments and results, one level deep (the runtime's hot path).
+
+Aten ops take tensors directly or in lists (``cat``, ``_foreach_*``) and return a tensor, or
+a tuple or list of them; one level is all there is, so this is much cheaper than a general
+pytree walk. ``Spec`` records which positions were sequences so the structure comes back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+Spec = tuple  # (per-arg layout, kwarg names, per-kwarg layout)
+
+
+def _expand(x: Any, leaves: list[Any]) -> Any:
+    """Append the leaves of one argument; return its layout (None: itself a leaf)."""
+    if isinstance(x, (list, tuple)) and any(isinstance(e, torch.Tensor) for e in x):
+        leaves.extend(x)
+        return (type(x), len(x))
+    leaves.append(x)
+    return None
+
+
+def flatten(args: tuple, kwargs: dict) -> tuple[list[Any], Spec]:
+    leaves: list[Any] = []
+    arg_layout = tuple(_expand(a, leaves) for a in args)
+    if not kwargs:
+        return leaves, (arg_layout, (), ())
+    names = tuple(kwargs)
+    return leaves, (arg_layout, names, tuple(_expand(kwargs[k], leaves) for k in names))
+
+
+def unflatten(leaves: list[Any], spec: Spec) -> tuple[tuple, dict]:
+    arg_layout, names, kw_layout = spec
+    it = iter(leaves)
+    args = tuple(next(it) if lay is None else lay[0](next(it) for _ in range(lay[1]))
+                 for lay in arg_layout)
+    if not names:
+        return args, {}
+    return args, {k: next(it) if lay is None else lay[0](next(it) for _ in range(lay[1]))
+                  for k, lay in zip(names, kw_layout, strict=True)}
+
+
+def flatten_result(out: Any) -> tuple[list[Any], type | None]:
+    """The leaves of an op's result and its container type (None: a single value)."""
+    if isinstance(out, (tuple, list)):
+        return list(out), type(out)
+    return [out], None
+
+
+def unflatten_result(leaves: list[Any], kind: type | None) -> Any:
+    if kind is None:
+        return leaves[0]
+    return kind(leaves)
