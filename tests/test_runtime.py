@@ -285,3 +285,19 @@ def test_a_recorded_live_run_replays_with_the_same_decisions(tmp_path, policy):
     assert sim.status == "ok"
     assert (sim.evictions, sim.remat_ops, sim.peak_bytes) == (
         live.evictions, live.remat_ops, live.peak_bytes)
+
+
+def test_budget_works_as_a_decorator_and_a_session_is_reusable():
+    model, loss_fn = mlp()
+    state = copy.deepcopy(model.state_dict())
+    ref = reference(model, loss_fn, state)
+    session = membudget.budget("8 MiB", "dte")
+
+    @session
+    def step():
+        return train_step(model, loss_fn)
+
+    for _ in range(2):
+        reset(model, state)
+        assert_same(model, step(), ref)
+        assert 0 < session.stats.peak_bytes <= 8 * 2**20

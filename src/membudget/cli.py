@@ -229,27 +229,29 @@ def timeline(
 
 @app.command()
 def demo(
-    ratios: Annotated[str, typer.Option(help="Budget ratios.")] = "0.9,0.7,0.5,0.4,0.3",
-    policies: Annotated[str, typer.Option(help="Methods.")] = "dtr,dtr-eq,dte,coop,lru",
-    plot: Annotated[Path | None, typer.Option(help="Also write a PNG.")] = None,
+    ratio: Annotated[float, typer.Option(help="Budget as a fraction of the unconstrained "
+                                              "peak.")] = 0.4,
+    steps: Annotated[int, typer.Option(help="Training steps.")] = 5,
+    policy: Annotated[str, typer.Option(help="Eviction policy.")] = "dtr",
 ) -> None:
-    """Sweep a generated trace of a residual network's training step and print the table."""
-    from membudget.bench.report import overhead_table
-    from membudget.bench.sweep import sweep as run
-    from membudget.sim import measure_baseline
-    from membudget.trace.synthetic import resnet_step
+    """Train a small GPT-2 under a budget beside an unconstrained run and compare them."""
+    from membudget.demo import demo_table, run_demo
 
-    trace = resnet_step()
-    base = measure_baseline(trace)
-    err.print(f"[bold]{trace.name}[/]: {len(trace.events)} events, one training step "
-              f"(forward, backward, SGD), unconstrained peak {format_bytes(base.peak_bytes)}, "
-              f"cost {base.cost / 1e6:.2f} ms")
-    results = run([trace], _names(policies), _floats(ratios, "--ratios"), console=err)
-    out.print(overhead_table(results, title=f"{trace.name}: compute overhead by budget ratio"))
-    if plot:
-        from membudget.bench.plot import plot_overhead
-
-        err.print(f"wrote {plot_overhead(results, plot)}")
+    if not ratio > 0:
+        raise typer.BadParameter(f"--ratio must be > 0, got {ratio}")
+    err.print(f"[bold]membudget demo[/]: a GPT-2 config from transformers (random init, no "
+              f"download), {steps} AdamW steps, once without a budget and once under "
+              f"{ratio:g} × its peak with {policy}")
+    plain, limited, budget = run_demo(ratio, steps, policy, console=err)
+    out.print(demo_table(plain, limited, budget, policy, ratio))
+    worst = max(r.peak_bytes for r in limited)
+    slow = sum(r.seconds for r in limited) / sum(r.seconds for r in plain)
+    same = all(a.loss == b.loss for a, b in zip(plain, limited, strict=True))
+    out.print(f"peak {format_bytes(worst)} within the budget of {format_bytes(budget)}: "
+              f"{'yes' if worst <= budget else 'NO'}; losses identical: "
+              f"{'yes' if same else 'NO'}; wall time {slow:.2f}× the unconstrained run")
+    if worst > budget or not same:
+        raise typer.Exit(1)
 
 
 def main() -> None:

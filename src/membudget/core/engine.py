@@ -466,6 +466,7 @@ class Engine:
             for t in s.tensors:
                 t.defined = False
                 t.producer = None  # let the history be garbage-collected
+            s.tensors = []  # no cycles left: reference counting frees the records at once
             for p in s.parents:
                 p.children.pop(s, None)
                 if not p.children and p.ext_refs == 0 and p.locks == 0:

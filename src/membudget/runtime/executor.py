@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import Any
 
@@ -32,7 +31,6 @@ class Slot:
         self.index = index
 
 
-@dataclass
 class OpCall:
     """One aten call as the engine records it: enough to run it again.
 
@@ -45,17 +43,22 @@ class OpCall:
     ``returned_kind``) until the session has wrapped it.
     """
 
-    func: torch._ops.OpOverload
-    leaves: list[Any]
-    spec: Spec
-    random: bool = False
-    outputs: list[int] = field(default_factory=list)
-    rng: tuple | None = None
-    result: list[torch.Tensor] | None = field(default=None, repr=False)
-    returned: list[Any] | None = field(default=None, repr=False)
-    returned_kind: type | None = None
-    grad: bool = field(default_factory=torch.is_grad_enabled)
-    cost: float = 0.0  # measured on the first run (ns)
+    __slots__ = ("cost", "func", "grad", "leaves", "outputs", "random", "result", "returned",
+                 "returned_kind", "rng", "spec")
+
+    def __init__(self, func: torch._ops.OpOverload, leaves: list[Any], spec: Spec,
+                 random: bool = False) -> None:
+        self.func = func
+        self.leaves = leaves
+        self.spec = spec
+        self.random = random
+        self.grad = torch.is_grad_enabled()
+        self.outputs: list[int] = []
+        self.rng: tuple | None = None
+        self.result: list[torch.Tensor] | None = None
+        self.returned: list[Any] | None = None
+        self.returned_kind: type | None = None
+        self.cost = 0.0  # measured on the first run (ns)
 
     def __repr__(self) -> str:
         return str(self.func)

@@ -18,6 +18,7 @@ room first) and keeps its result. What an op does to memory decides how it is re
 
 from __future__ import annotations
 
+import gc
 import weakref
 from collections.abc import Callable
 from contextlib import ContextDecorator
@@ -55,6 +56,9 @@ class SessionStats:
     remat_seconds: float = 0.0
     search_us: dict[str, float] = field(default_factory=dict)
     fragmentation: dict[str, float] = field(default_factory=dict)
+    # on a CUDA device: the most bytes the CUDA caching allocator held beyond what it held
+    # when the session began (torch.cuda.max_memory_allocated), to cross-check peak_bytes
+    device_peak_bytes: int | None = None
 
 
 class _Mode(TorchDispatchMode):
@@ -95,7 +99,12 @@ class Session(ContextDecorator):
         self._pending: list[Tensor] = []
         self._busy = False
         self.recording = Recording()
+        self._cuda_base = None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.reset_peak_memory_stats()
+            self._cuda_base = torch.cuda.memory_allocated()
         self._mode = _Mode(self)
+        gc.freeze()  # the collector skips what existed before (the model, ...): cheaper passes
         self._mode.__enter__()
         return self
 
@@ -139,17 +148,21 @@ class Session(ContextDecorator):
         eng = self.engine
         if eng is not None:
             st = eng.stats
+            device_peak = (None if self._cuda_base is None
+                           else torch.cuda.max_memory_allocated() - self._cuda_base)
             self.stats = SessionStats(
                 self.budget_bytes, eng.peak_bytes, st.evictions, st.eager_evictions,
                 st.remat_ops, st.ops, st.remat_cost / 1e9, st.search_us(),
-                st.fragmentation_summary())
+                st.fragmentation_summary(), device_peak)
         for ref in list(self._refs):
             ref.session = None
             ref.handle = None
         self._leaves = {}
         self._bases = {}
         self.engine = None
+        self.executor.values.clear()  # the data goes now, not when a GC pass finds the engine
         self.executor = TorchExecutor()
+        gc.unfreeze()
 
     # ------------------------------------------------------------------ references
     def release(self, handle: Tensor) -> None:

@@ -1,0 +1,614 @@
+"""What the live runtime (``membudget.budget``) costs on real PyTorch code, on this CPU.
+
+Two measurements, each a median of several repetitions taken in one process, interleaved so
+that the plain and in-session numbers of a repetition share the machine's noise:
+
+1. **Per-op overhead.** A loop of N tiny ops (``y = y + 1.0`` on 8 floats; ``torch.mm(y, q)`` with
+   a 16×16 orthogonal ``q``) timed plain and inside ``membudget.budget("1 GiB", policy)``, a
+   budget nothing comes close to, so the extra time is the dispatch mode, the engine's
+   bookkeeping and the garbage collector (never eviction or recomputation). Read "overhead"
+   as the fixed cost the session adds to every aten op; "GC off" repeats the in-session loop
+   with Python's garbage collector disabled, to separate the runtime's own work from the
+   cyclic collector walking the objects the session keeps ("GC objects kept/op": objects the
+   collector tracks that one op leaves behind until the session ends).
+2. **A GPT-2 training step** (forward + backward, random init, dropout on, labels = inputs).
+   Plain eager first (the reference loss and gradients), then the session's peak without a
+   constraint (budget 10^11 B, dtr), then each policy at that budget and at 1.0, 0.5 and 0.3
+   of the dtr peak, in rounds that each run every row once (so eager and in-session steps
+   interleave). "vs eager" is the median in-session step time over the median eager step
+   time: above 1 is slower. "loss/grads = eager" says whether every repetition's loss and
+   gradients were bitwise equal to the eager ones (they must be: recomputation is exact).
+   "too small" means the budget raised ``BudgetTooSmallError``; the cell gives the op that
+   failed and what the error said it needed at that moment (a lower bound for the step).
+   Each policy runs with its own default pool (coop: two-sided). Before the timed rounds, a
+   scan runs one step of each policy at ratios 0.95, 0.9, … 0.35 (``--no-scan`` skips it);
+   the smallest that completes is timed in the rounds as one more row, so that some row
+   shows eviction and recomputation.
+
+Run: python benchmarks/live_overhead.py [--quick] [--policies dtr,coop] [--out FILE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import gc
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import membudget
+from membudget import BudgetTooSmallError
+from membudget.core.policies import POLICIES
+from membudget.runtime.session import SessionStats
+from membudget.runtime.tensor import value_of
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "docs" / "results" / "live-overhead.md"
+RATIOS = (1.0, 0.5, 0.3)
+SCAN = tuple(round(0.95 - 0.05 * k, 2) for k in range(13))  # 0.95 … 0.35, one step each
+ABOVE_PEAK = (1.0, 1.05, 1.1, 1.25, 1.5, 2.0)  # tried in turn when no scanned ratio completes
+UNCONSTRAINED = 10**11
+OP_BUDGET = "1 GiB"
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs)
+
+
+def span(xs: Sequence[int]) -> str:
+    """One number if all repetitions agree, else their range."""
+    lo, hi = min(xs), max(xs)
+    return f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
+
+
+def mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:,.1f}"
+
+
+# ---------------------------------------------------------------------------- per-op overhead
+OpLoop = Callable[[int], Any]
+
+
+def op_loops() -> dict[str, tuple[str, OpLoop]]:
+    """name -> (description, loop running n dependent ops); inputs are made outside."""
+    x8 = torch.zeros(8)
+    g = torch.Generator().manual_seed(0)
+    x16 = torch.randn(16, 16, generator=g)
+    q, _ = torch.linalg.qr(torch.randn(16, 16, generator=g))  # orthogonal: values stay bounded
+
+    def add(n: int) -> Any:
+        y = x8
+        for _ in range(n):
+            y = y + 1.0
+        return y
+
+    def mm(n: int) -> Any:
+        y = x16
+        for _ in range(n):
+            y = torch.mm(y, q)
+        return y
+
+    return {"add": ("`y = y + 1.0`, 8 floats", add),
+            "mm": ("`y = torch.mm(y, q)`, 16×16", mm)}
+
+
+def full_collections() -> int:
+    return gc.get_stats()[2]["collections"]
+
+
+def time_loop(loop: OpLoop, n: int, policy: str | None,
+              gc_off: bool = False) -> tuple[float, SessionStats | None, int]:
+    """µs per op of ``loop(n)``, plain (policy None) or inside a session (whose entry and
+    exit are outside the timed region), its stats, and the full (generation-2) garbage
+    collections that ran during the loop."""
+    gc.collect()
+    if gc_off:
+        gc.disable()
+    try:
+        if policy is None:
+            full = full_collections()
+            t0 = time.perf_counter()
+            loop(n)
+            dt = time.perf_counter() - t0
+            return dt / n * 1e6, None, full_collections() - full
+        with membudget.budget(OP_BUDGET, policy) as session:
+            full = full_collections()
+            t0 = time.perf_counter()
+            loop(n)
+            dt = time.perf_counter() - t0
+            full = full_collections() - full
+        return dt / n * 1e6, session.stats, full
+    finally:
+        if gc_off:
+            gc.enable()
+
+
+def objects_kept(loop: OpLoop, n: int, policy: str) -> tuple[float, float]:
+    """GC-tracked objects one op leaves alive while the session lasts, and the time of one
+    full ``gc.collect()`` at the end of the loop (ms), still inside the session."""
+    with membudget.budget(OP_BUDGET, policy):
+        gc.collect()
+        before = len(gc.get_objects())
+        y = loop(n)
+        gc.collect()
+        after = len(gc.get_objects())
+        t0 = time.perf_counter()
+        gc.collect()
+        collect_ms = (time.perf_counter() - t0) * 1e3
+        del y
+    return (after - before) / n, collect_ms
+
+
+def empty_session_us(policy: str, reps: int) -> tuple[float, str]:
+    """Entering and leaving a session that runs one op (µs), and the pool the policy uses."""
+    x = torch.zeros(8)
+    times = []
+    pool = "?"
+    for _ in range(reps):
+        gc.collect()
+        t0 = time.perf_counter()
+        with membudget.budget(OP_BUDGET, policy) as session:
+            _ = x + 1.0
+            if session.engine is not None:
+                pool = session.engine.allocator.name
+        times.append((time.perf_counter() - t0) * 1e6)
+    return median(times), pool
+
+
+@dataclass
+class OpRow:
+    op: str
+    policy: str
+    plain: list[float] = field(default_factory=list)
+    session: list[float] = field(default_factory=list)
+    session_gc_off: list[float] = field(default_factory=list)
+    engine_ops: list[int] = field(default_factory=list)
+    full_gcs: list[int] = field(default_factory=list)
+    kept: float = 0.0
+    collect_ms: float = 0.0
+
+
+def measure_ops(policies: Sequence[str], n: int,
+                reps: int) -> tuple[list[OpRow], dict[str, str]]:
+    loops = op_loops()
+    log(f"\n== per-op overhead: {n} ops × {reps} repetitions, policies {', '.join(policies)}")
+    for _name, (_, loop) in loops.items():  # warm up: first dispatch-mode use, kernels, caches
+        loop(max(n // 10, 50))
+        for policy in policies:
+            time_loop(loop, max(n // 10, 50), policy)
+    rows = {(name, p): OpRow(name, p) for name in loops for p in policies}
+    for (name, policy), row in rows.items():
+        row.kept, row.collect_ms = objects_kept(loops[name][1], n, policy)
+    for rep in range(reps):
+        for name, (_, loop) in loops.items():
+            plain, _, _ = time_loop(loop, n, None)
+            for policy in policies:
+                row = rows[name, policy]
+                row.plain.append(plain)
+                us, stats, full = time_loop(loop, n, policy)
+                row.session.append(us)
+                row.full_gcs.append(full)
+                assert stats is not None
+                row.engine_ops.append(stats.ops)
+                row.session_gc_off.append(time_loop(loop, n, policy, gc_off=True)[0])
+        log(f"  rep {rep + 1}/{reps}: " + "; ".join(
+            f"{r.op}/{r.policy} {r.plain[-1]:.1f} → {r.session[-1]:.1f} µs/op"
+            for r in rows.values()))
+    return list(rows.values()), {name: desc for name, (desc, _) in loops.items()}
+
+
+def ops_markdown(rows: Sequence[OpRow], descs: dict[str, str], n: int, reps: int,
+                 empty: dict[str, tuple[float, str]]) -> list[str]:
+    lines = [f"Each cell: median over {reps} repetitions of a {n}-op loop (µs per op). "
+             f"Budget {OP_BUDGET}: no eviction happens, so the overhead is pure bookkeeping. "
+             "\"full GCs/loop\": generation-2 collections that ran during the timed in-session "
+             "loop (GC on); \"full GC ms\": one `gc.collect()` inside the session after the "
+             "loop.", "",
+             "| op | policy | plain µs/op | in session µs/op | overhead µs/op | × plain | "
+             "in session, GC off µs/op | full GCs/loop | full GC ms | GC objects kept/op | "
+             "engine ops/loop |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        plain, sess = median(r.plain), median(r.session)
+        lines.append(f"| {descs[r.op]} | {r.policy} | {plain:.2f} | {sess:.2f} | "
+                     f"{sess - plain:.2f} | {sess / plain:.1f} | "
+                     f"{median(r.session_gc_off):.2f} | {span(r.full_gcs)} | "
+                     f"{r.collect_ms:.0f} | {r.kept:.1f} | {span(r.engine_ops)} |")
+    lines += ["", "The GC-on column depends on whether a full collection lands inside the "
+              "timed loop (the collector's thresholds, not the op, decide that): each one walks "
+              "every object of the process, including those the session keeps per op. The "
+              "GC-off column is the runtime's own cost per op.", "",
+              "Entering and leaving a session that runs one op (median µs): "
+              + ", ".join(f"{p} {us:.0f} ({pool} pool)" for p, (us, pool) in empty.items())
+              + "."]
+    return lines
+
+
+# ---------------------------------------------------------------------------- GPT-2 step
+@dataclass
+class StepRow:
+    policy: str  # "eager" for the plain rows
+    budget: int | None = None
+    ratio: str = ""
+    times: list[float] = field(default_factory=list)
+    stats: list[SessionStats] = field(default_factory=list)
+    loss_equal: list[bool] = field(default_factory=list)
+    grads_equal: list[bool] = field(default_factory=list)
+    failure: str | None = None
+    scanned: bool = False  # the smallest ratio the scan completed, not a listed one
+
+
+def build_gpt2(quick: bool) -> tuple[torch.nn.Module, torch.Tensor, str]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    if quick:
+        kw = {"n_embd": 128, "n_layer": 2, "n_head": 4, "n_positions": 64}
+    else:
+        kw = {"n_embd": 768, "n_layer": 6, "n_head": 12, "n_positions": 256}
+    seq = kw["n_positions"]
+    config = GPT2Config(**kw, vocab_size=50257)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = GPT2LMHeadModel(config)
+    ids = torch.randint(0, config.vocab_size, (4, seq))
+    params = sum(p.numel() for p in model.parameters())
+    desc = (f"GPT2LMHeadModel(n_embd={kw['n_embd']}, n_layer={kw['n_layer']}, "
+            f"n_head={kw['n_head']}, n_positions={seq}, vocab_size=50257), "
+            f"{params / 1e6:.1f} M parameters, batch 4 × seq {seq}, labels = input ids, "
+            "train mode (dropout 0.1)")
+    return model, ids, desc
+
+
+def reset(model: torch.nn.Module, state: dict) -> None:
+    """Back to ``state`` with no gradients (outside any session: loading writes parameters)."""
+    model.load_state_dict(state)
+    model.train()
+    model.zero_grad(set_to_none=True)
+
+
+def step(model: torch.nn.Module, ids: torch.Tensor) -> Any:
+    torch.manual_seed(1)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss
+
+
+def grads_of(model: torch.nn.Module) -> list[torch.Tensor | None]:
+    return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+
+
+def same_grads(model: torch.nn.Module, ref: Sequence[torch.Tensor | None]) -> bool:
+    for p, g in zip(model.parameters(), ref, strict=True):
+        if (p.grad is None) != (g is None):
+            return False
+        if g is not None and not torch.equal(value_of(p.grad), g):
+            return False
+    return True
+
+
+def eager_step(model: torch.nn.Module, ids: torch.Tensor, state: dict) -> tuple[float, Any]:
+    reset(model, state)
+    gc.collect()
+    t0 = time.perf_counter()
+    loss = step(model, ids)
+    return time.perf_counter() - t0, loss.detach()
+
+
+def session_step(model: torch.nn.Module, ids: torch.Tensor, state: dict, budget: int,
+                 policy: str) -> tuple[float, SessionStats, torch.Tensor]:
+    """One step inside a session; the time includes entering and leaving it."""
+    reset(model, state)
+    gc.collect()
+    t0 = time.perf_counter()
+    with membudget.budget(budget, policy) as session:
+        loss = step(model, ids)
+    dt = time.perf_counter() - t0
+    return dt, session.stats, value_of(loss).detach()
+
+
+def too_small(e: BudgetTooSmallError) -> str:
+    """What the error said: the bytes the failing op needed at that moment."""
+    op = f"`{e.op}`"
+    if e.needed_bytes > e.budget_bytes:
+        return f"too small: {op} needed ≥ {mb(e.needed_bytes)} MB"
+    return (f"too small (fragmented): {op} needed a {mb(e.request_bytes)} MB block, largest "
+            f"free {mb(e.largest_free_bytes)} MB")
+
+
+def run_once(row: StepRow, model: torch.nn.Module, ids: torch.Tensor, state: dict,
+             ref_loss: torch.Tensor, ref_grads: Sequence[torch.Tensor | None]) -> None:
+    """One more repetition of ``row``; a failure marks the row, which is then not retried
+    (a budget that is too small stays too small)."""
+    assert row.budget is not None
+    try:
+        dt, stats, loss = session_step(model, ids, state, row.budget, row.policy)
+    except BudgetTooSmallError as e:
+        row.failure = too_small(e)
+        log(f"  {row.policy} @ {row.ratio}: {row.failure}")
+        return
+    except Exception as e:  # keep the long run going; the table shows what failed
+        traceback.print_exc()
+        row.failure = f"error: {type(e).__name__}: {str(e)[:120]}"
+        return
+    row.times.append(dt)
+    row.stats.append(stats)
+    row.loss_equal.append(torch.equal(loss, ref_loss))
+    row.grads_equal.append(same_grads(model, ref_grads))
+    log(f"  {row.policy} @ {row.ratio} ({mb(row.budget)} MB): {dt:.2f} s, "
+        f"{stats.evictions} evictions, {stats.remat_ops} remat ops, "
+        f"peak {mb(stats.peak_bytes)} MB, loss equal {row.loss_equal[-1]}, "
+        f"grads equal {row.grads_equal[-1]}")
+
+
+@dataclass
+class ScanPoint:
+    ratio: float
+    seconds: float | None = None  # None: did not complete
+    evictions: int = 0
+    remat_ops: int = 0
+    exact: bool = True
+    failure: str = ""
+
+
+def scan_point(model: torch.nn.Module, ids: torch.Tensor, state: dict, peak: int,
+               policy: str, ratio: float, ref_loss: torch.Tensor,
+               ref_grads: Sequence[torch.Tensor | None]) -> ScanPoint:
+    point = ScanPoint(ratio)
+    budget = int(peak * ratio)
+    try:
+        dt, stats, loss = session_step(model, ids, state, budget, policy)
+    except BudgetTooSmallError as e:
+        point.failure = "fragmented" if e.needed_bytes <= e.budget_bytes else "too small"
+        log(f"    {ratio:g} ({mb(budget)} MB): {too_small(e)}")
+        return point
+    except Exception as e:  # counted as not completing; the traceback says why
+        traceback.print_exc()
+        point.failure = f"error: {type(e).__name__}"
+        return point
+    point.seconds, point.evictions, point.remat_ops = dt, stats.evictions, stats.remat_ops
+    point.exact = torch.equal(loss, ref_loss) and same_grads(model, ref_grads)
+    log(f"    {ratio:g} ({mb(budget)} MB): {dt:.2f} s, {stats.evictions} evictions, "
+        f"{stats.remat_ops} remat ops, exact {point.exact}")
+    return point
+
+
+def scan(model: torch.nn.Module, ids: torch.Tensor, state: dict, peak: int, policy: str,
+         ref_loss: torch.Tensor, ref_grads: Sequence[torch.Tensor | None]) -> list[ScanPoint]:
+    """One step at each ratio of SCAN (no monotonicity assumed: a fragmented pool can fail at
+    a ratio and complete below it); when none completes, ABOVE_PEAK in turn until one does."""
+    log(f"  {policy}: one step at each ratio {SCAN[0]:g} … {SCAN[-1]:g}")
+    points = [scan_point(model, ids, state, peak, policy, r, ref_loss, ref_grads)
+              for r in SCAN]
+    if all(p.seconds is None for p in points):
+        for r in ABOVE_PEAK:
+            points.append(scan_point(model, ids, state, peak, policy, r, ref_loss, ref_grads))
+            if points[-1].seconds is not None:
+                break
+    return points
+
+
+def smallest(points: Sequence[ScanPoint]) -> float | None:
+    return min((p.ratio for p in points if p.seconds is not None), default=None)
+
+
+def scan_markdown(scans: dict[str, list[ScanPoint]], peak: int) -> list[str]:
+    policies = list(scans)
+    ratios = sorted({p.ratio for pts in scans.values() for p in pts}, reverse=True)
+    lines = ["| ratio | budget MB | " + " | ".join(policies) + " |",
+             "|---:|---:|" + "---|" * len(policies)]
+    for r in ratios:
+        cells = []
+        for policy in policies:
+            p = next((p for p in scans[policy] if p.ratio == r), None)
+            if p is None:
+                cells.append("")
+            elif p.seconds is None:
+                cells.append(p.failure)
+            else:
+                bad = "" if p.exact else ", **NOT exact**"
+                cells.append(f"{p.seconds:.2f} s, {p.evictions:,} ev., {p.remat_ops:,} remat{bad}")
+        lines.append(f"| {r:g} | {mb(int(peak * r))} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def measure_gpt2(policies: Sequence[str], quick: bool, rounds: int, do_scan: bool,
+                 ) -> tuple[list[StepRow], int, int, str, dict[str, list[ScanPoint]]]:
+    """Warm up, find the unconstrained peak (and with ``do_scan`` one step of each policy at
+    each ratio of SCAN), then ``rounds`` rounds each running eager and every (policy, budget)
+    once, and a last eager step: the rows share the machine's noise."""
+    model, ids, desc = build_gpt2(quick)
+    state = copy.deepcopy(model.state_dict())
+    log(f"\n== GPT-2 step: {desc}")
+    log("  eager warm-up step (the reference loss and gradients) …")
+    reset(model, state)
+    ref_loss = step(model, ids).detach()
+    ref_grads = grads_of(model)
+
+    log("  unconstrained dtr session (warm-up, and the peak the ratios scale) …")
+    _, free, _ = session_step(model, ids, state, UNCONSTRAINED, "dtr")
+    peak, ops = free.peak_bytes, free.ops
+    log(f"  unconstrained peak {mb(peak)} MB over {ops:,} aten ops")
+
+    scans: dict[str, list[ScanPoint]] = {}
+    eager = StepRow("eager")
+    rows = [eager]
+    for policy in policies:
+        ratios = [(r, False) for r in RATIOS]
+        if do_scan:
+            least = smallest(scans.setdefault(
+                policy, scan(model, ids, state, peak, policy, ref_loss, ref_grads)))
+            if least is not None and least not in RATIOS:
+                ratios.append((least, True))
+        rows.append(StepRow(policy, UNCONSTRAINED, "unconstrained"))
+        rows += [StepRow(policy, int(peak * r), f"{r:.3g}", scanned=flag)
+                 for r, flag in sorted(ratios, reverse=True)]
+
+    def eager_once() -> None:
+        dt, loss = eager_step(model, ids, state)
+        eager.times.append(dt)
+        eager.loss_equal.append(torch.equal(loss, ref_loss))
+        eager.grads_equal.append(same_grads(model, ref_grads))
+        log(f"  eager: {dt:.2f} s")
+
+    for k in range(rounds):
+        log(f" round {k + 1}/{rounds}")
+        eager_once()
+        for row in rows[1:]:
+            if row.failure is None:
+                run_once(row, model, ids, state, ref_loss, ref_grads)
+    eager_once()
+    return rows, peak, ops, desc, scans
+
+
+def steps_markdown(rows: Sequence[StepRow]) -> list[str]:
+    eager = median(rows[0].times)
+    lines = ["| policy | budget | budget MB | step s (median) | vs eager | evictions | "
+             "remat ops | remat s (est.) | peak MB | policy search p50 µs | loss = eager | "
+             "grads = eager |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+
+    def yes(xs: Sequence[bool]) -> str:
+        return f"yes ({len(xs)}/{len(xs)})" if all(xs) else f"**NO** ({sum(xs)}/{len(xs)})"
+
+    for r in rows:
+        if r.policy == "eager":
+            lines.append(f"| eager (no session) | — | — | {eager:.2f} | 1.00 | — | — | — | — | "
+                         f"— | {yes(r.loss_equal)} | {yes(r.grads_equal)} |")
+            continue
+        budget_mb = "—" if r.budget == UNCONSTRAINED else mb(r.budget or 0)
+        label = "10^11 B" if r.budget == UNCONSTRAINED else f"{r.ratio} × peak"
+        if r.scanned:
+            label += " (smallest found in the scan)"
+        if not r.times:
+            lines.append(f"| {r.policy} | {label} | {budget_mb} | {r.failure} | — | — | — | — | "
+                         "— | — | — | — |")
+            continue
+        t = median(r.times)
+        note = f" ({r.failure})" if r.failure else ""
+        st = r.stats
+        lines.append(
+            f"| {r.policy} | {label} | {budget_mb} | {t:.2f}{note} | {t / eager:.2f} | "
+            f"{span([s.evictions for s in st])} | {span([s.remat_ops for s in st])} | "
+            f"{median([s.remat_seconds for s in st]):.3f} | "
+            f"{mb(median([s.peak_bytes for s in st]))} | "
+            f"{median([s.search_us.get('p50', 0.0) for s in st]):.1f} | "
+            f"{yes(r.loss_equal)} | {yes(r.grads_equal)} |")
+    return lines
+
+
+# ---------------------------------------------------------------------------- report
+def git_state() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                              capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=ROOT,
+                               text=True, capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown commit"
+    return f"commit {head}" + (" with uncommitted changes under src/" if dirty else "")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: GPT-2 with n_embd 128, 2 layers, seq 64; fewer op loops")
+    ap.add_argument("--policies", default="dtr,coop", help="comma-separated (default dtr,coop)")
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help=f"report path (default {DEFAULT_OUT})")
+    ap.add_argument("--ops", type=int, default=None, help="ops per loop (default 5000; quick 500)")
+    ap.add_argument("--op-reps", type=int, default=None,
+                    help="repetitions of each op loop (default 9; quick 3)")
+    ap.add_argument("--step-reps", type=int, default=None,
+                    help="rounds of GPT-2 steps, each running every row once (default 3; quick "
+                         "5; at least 2); eager gets one more step")
+    ap.add_argument("--no-scan", action="store_true",
+                    help="skip the one-step scan of ratios 0.95 … 0.35 (and its timed row)")
+    args = ap.parse_args()
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        ap.error(f"unknown policies {unknown}; known: {', '.join(sorted(POLICIES))}")
+    n_ops = args.ops or (500 if args.quick else 5000)
+    op_reps = args.op_reps or (3 if args.quick else 9)
+    step_reps = max(args.step_reps or (5 if args.quick else 3), 2)
+
+    t_start = time.perf_counter()
+    op_rows, descs = measure_ops(policies, n_ops, op_reps)
+    empty = {p: empty_session_us(p, op_reps) for p in policies}
+    t_ops = time.perf_counter() - t_start
+    step_rows, peak, step_ops, desc, scans = measure_gpt2(policies, args.quick, step_reps,
+                                                          not args.no_scan)
+    wall = time.perf_counter() - t_start
+
+    import transformers
+
+    cmd = "python benchmarks/live_overhead.py" + (" --quick" if args.quick else "")
+    if args.policies != "dtr,coop":
+        cmd += f" --policies {args.policies}"
+    lines = [
+        "# Live runtime overhead" + (" (quick run)" if args.quick else ""), "",
+        f"Produced by `{cmd}` on {datetime.date.today().isoformat()}: {platform.machine()}, "
+        f"{os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} "
+        f"threads), transformers {transformers.__version__}, Python "
+        f"{platform.python_version()}, membudget {git_state()}. All numbers come from one "
+        "process; plain and in-session runs are interleaved, and each number is a median, "
+        "since this machine is shared and noisy. Read ratios, not absolute times.", "",
+        f"Wall time: {wall:.0f} s ({t_ops:.0f} s for the op loops).", "",
+        "## Per-op overhead", "",
+        *ops_markdown(op_rows, descs, n_ops, op_reps, empty), "",
+        "## GPT-2 training step", "",
+        f"{desc}. Pools: "
+        + ", ".join(f"{p} {pool}" for p, (_, pool) in empty.items())
+        + ". One step = forward + backward from `load_state_dict` and "
+        "`zero_grad(set_to_none=True)` done outside the session and outside the timing; "
+        "`torch.manual_seed(1)` before each step, so dropout draws are identical. In-session "
+        "times include entering and leaving the session (handing out the loss and gradients). "
+        f"Unconstrained dtr session peak: {mb(peak)} MB over {step_ops:,} aten ops; the ratios "
+        f"scale that peak. After a warm-up eager step and a warm-up unconstrained session, "
+        f"{step_reps} rounds each ran one eager step and one step of every session row, in "
+        "table order, and one more eager step closed the run: eager is a median of "
+        f"{step_reps + 1} steps, each session row a median of {step_reps}. "
+        "Evictions and remat ops show a range when the repetitions differ (dtr's heuristic "
+        "reads measured op times). \"remat s (est.)\": recomputation time estimated from the "
+        "recomputed ops' first-run times.", "",
+        *steps_markdown(step_rows), ""]
+    if scans:
+        lines += ["### Ratio scan", "",
+                  "Before the timed rounds, one step of each policy at each ratio of the dtr "
+                  f"peak from {SCAN[0]:g} down to {SCAN[-1]:g} (and, when none of those "
+                  f"completes, {', '.join(f'{r:g}' for r in ABOVE_PEAK)} in turn until one "
+                  "does). One unrepeated step each, not interleaved with eager: read the trend, "
+                  "not single cells. \"too small\": the pinned and locked bytes plus the "
+                  "request exceeded the budget; \"fragmented\": they fit, but no free block "
+                  "was large enough. Each policy's smallest completing ratio is timed in the "
+                  "rounds above as the \"smallest found\" row.", "",
+                  *scan_markdown(scans, peak), ""]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
+    log("\n" + "\n".join(lines))
+    log(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
