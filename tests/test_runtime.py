@@ -301,3 +301,17 @@ def test_budget_works_as_a_decorator_and_a_session_is_reusable():
         reset(model, state)
         assert_same(model, step(), ref)
         assert 0 < session.stats.peak_bytes <= 8 * 2**20
+
+
+def test_reads_of_evicted_values_recompute_them():
+    x = torch.arange(6.0)
+    with membudget.budget("1 MiB") as session:
+        y = x * 2.0
+        for read in (lambda t: t.sum().item(), lambda t: t.tolist(), lambda t: t.numpy(),
+                     lambda t: repr(t), lambda t: bool((t > 5).any())):
+            assert session.evict(y)
+            got = read(y)
+            assert got is not None
+        assert y.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+        assert "10." in repr(y) and float(y.sum()) == 30.0
+        assert session.engine.stats.remat_ops >= 5
