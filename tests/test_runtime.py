@@ -315,3 +315,14 @@ def test_reads_of_evicted_values_recompute_them():
         assert y.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
         assert "10." in repr(y) and float(y.sum()) == 30.0
         assert session.engine.stats.remat_ops >= 5
+
+
+def test_an_inplace_op_reading_what_it_writes():
+    x = torch.randn(100)
+    ref = (x * 1.5).add_(x * 1.5).mul_(2.0)
+    for policy in ("dtr", "coop"):
+        with membudget.budget("1 MiB", policy) as session:
+            y = x * 1.5
+            y.add_(y).mul_(2.0)
+            assert session.evict(y)
+            assert torch.equal(y.value(), ref)

@@ -93,6 +93,7 @@ class Session(ContextDecorator):
         self.executor = TorchExecutor()
         self.engine = Engine(self.budget_bytes, self.policy, self.allocator, self.executor,
                              inplace=self.inplace)
+        self.allocator_name = self.engine.allocator.name
         self._leaves: dict[tuple, tuple[torch.Tensor, Tensor]] = {}
         self._bases: dict[tuple, Tensor] = {}  # real storage -> its leaf
         self._refs: weakref.WeakSet[Ref] = weakref.WeakSet()
@@ -122,10 +123,9 @@ class Session(ContextDecorator):
 
     def trace(self, path: str | Path) -> Path:
         """Write this session's run as a trace the simulator can replay."""
-        eng = self.engine
         header = {"model": "live", "source": "membudget.budget", "cost_unit": "ns",
                   "cost_source": "measured", "policy": self.policy,
-                  "allocator": eng.allocator.name if eng else self.allocator,
+                  "allocator": getattr(self, "allocator_name", self.allocator),
                   "budget_bytes": self.budget_bytes}
         return self.recording.write(path, header)
 
@@ -284,7 +284,11 @@ class Session(ContextDecorator):
         written = {id(o) for w in info.written(args, kwargs)
                    for o in (w if isinstance(w, (list, tuple)) else (w,))
                    if isinstance(o, torch.Tensor)}
-        mutated = [i for i, o in enumerate(objects) if id(o) in written]
+        mutated = []  # each written tensor once, even if it is also read (x.add_(x))
+        for i, o in enumerate(objects):
+            if id(o) in written:
+                written.discard(id(o))
+                mutated.append(i)
         if (all(type(objects[i]) is RematTensor and _sole_reference(inputs[i])
                 for i in mutated)
                 and len({inputs[i].storage for i in mutated}) == len(mutated)
