@@ -126,10 +126,11 @@ class Engine:
                 raise EngineError(f"{op!r} reads {t!r}, which was freed for good")
         path = ComputePath(self._next_id(), op, inputs, float(cost))
         path.mutated = tuple(mutated)
-        if out_bytes is None:
-            path.outputs = None  # type: ignore[assignment]  # made by _execute after a probe
-        else:
-            self._outputs(path, out_bytes, out_alias)
+        # the outputs are made when the op first runs, once its inputs are materialized and
+        # locked, whether their sizes are given or probed: a live run and its replay then
+        # take exactly the same steps
+        path.outputs = None  # type: ignore[assignment]
+        path.pending = None if out_bytes is None else (out_bytes, out_alias)
         self._run(path, remat=False)
         return path.outputs
 
@@ -292,7 +293,10 @@ class Engine:
         With recomputable in-place, a new version takes its old value's block (see ``apply``).
         """
         if p.outputs is None:
-            out_bytes, out_alias, p.cost = self.executor.probe(p)
+            if p.pending is None:
+                out_bytes, out_alias, p.cost = self.executor.probe(p)
+            else:
+                (out_bytes, out_alias), p.pending = p.pending, None
             self._outputs(p, out_bytes, out_alias)
         placed: list[Storage] = []
         duplicates: list[Storage] = []

@@ -104,7 +104,7 @@ class ComputePath:
     block to that old value's storage (the executor then writes in place).
     """
 
-    __slots__ = ("cost", "id", "inputs", "mutated", "op", "outputs", "reused")
+    __slots__ = ("cost", "id", "inputs", "mutated", "op", "outputs", "pending", "reused")
 
     def __init__(self, pid: int, op: object, inputs: Sequence[Tensor], cost: float) -> None:
         self.id = pid
@@ -114,6 +114,7 @@ class ComputePath:
         self.cost = cost
         self.mutated: tuple[int, ...] = ()
         self.reused: dict[Storage, Storage] = {}
+        self.pending: tuple | None = None  # output sizes and aliases until it first runs
 
     def __repr__(self) -> str:
         return f"ComputePath(id={self.id}, op={self.op!r}, cost={self.cost})"

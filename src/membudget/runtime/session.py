@@ -192,9 +192,14 @@ class Session(ContextDecorator):
         if self.engine is None:
             raise MembudgetError("this tensor belonged to a membudget session that ended with "
                                  "an error; its value is gone")
-        self.recording.get(handle)
+        eng = self.engine
+
+        def get() -> torch.Tensor:
+            self.recording.get(handle)  # recorded where nothing else can slip in before it
+            return eng.get_value(handle)
+
         with _disable_current_modes():  # recomputations run the real ops, not this mode
-            return self._guarded(lambda: self.engine.get_value(handle))
+            return self._guarded(get)
 
     def evict(self, t: RematTensor) -> bool:
         """Drop the data of ``t`` now, as the policy would (False if it cannot be evicted)."""
@@ -297,7 +302,12 @@ class Session(ContextDecorator):
             versions = eng.apply(call, inputs, [], [], 0.0, mutated)
             rec.mutation(func, inputs, mutated, versions, call.cost)
             for i, h in zip(mutated, versions, strict=True):
-                objects[i]._ref.rebind(h)
+                # the wrapper moves to the new version and the old one is released at once,
+                # before anything queued meanwhile (as the trace format's rebinding does)
+                ref = objects[i]._ref
+                old, ref.handle = ref.handle, h
+                rec.release(old)
+                eng.release(old)
             return _written_result(func, [objects[i] for i in mutated])
         for i in mutated:
             if any(not c.dead for c in inputs[i].storage.children):

@@ -31,12 +31,6 @@ class Ref:
         self.handle: Tensor | None = handle
         self.value: torch.Tensor | None = None
 
-    def rebind(self, handle: Tensor) -> None:
-        """Point at a new version (after an in-place op) and drop the old one."""
-        old, self.handle = self.handle, handle
-        if old is not None and self.session is not None:
-            self.session.release(old)
-
     def __del__(self) -> None:
         if self.session is not None and self.handle is not None:
             self.session.release(self.handle)

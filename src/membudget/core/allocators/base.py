@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Protocol
 
+from membudget.core.allocators.block import unlink
 from membudget.core.records import Storage
 
 if TYPE_CHECKING:
@@ -95,6 +96,33 @@ class LayoutAllocator(Allocator):
         new.free_adj = old.free_adj
         if self.observer is not None:
             self.observer.on_alloc(new, b)
+
+    def _unindex(self, b: Block) -> None:
+        """Take a free block out of the allocator's index of free blocks."""
+        raise NotImplementedError
+
+    def _release(self, s: Storage) -> Block | None:
+        """Free the block of ``s`` and merge it with free neighbours (same segment only:
+        ``prev``/``next`` never cross one); return the merged free block, to be indexed."""
+        b = s.block
+        if b is None:
+            return None
+        if self.observer is not None:
+            self.observer.on_free(s, b)
+        s.block = None
+        b.storage = None
+        self.used -= b.size
+        prev, nxt = b.prev, b.next
+        if prev is not None and prev.storage is None:
+            self._unindex(prev)
+            prev.size += b.size
+            unlink(b)
+            b = prev
+        if nxt is not None and nxt.storage is None:
+            self._unindex(nxt)
+            b.size += nxt.size
+            unlink(nxt)
+        return b
 
     def _refresh_around(self, b: Block) -> None:
         """Recompute ``free_adj`` of the storages in ``b`` and in the blocks beside it."""

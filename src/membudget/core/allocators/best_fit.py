@@ -13,7 +13,7 @@ import math
 from sortedcontainers import SortedList
 
 from membudget.core.allocators.base import LayoutAllocator
-from membudget.core.allocators.block import Block
+from membudget.core.allocators.block import Block, link_after, link_before
 from membudget.core.records import Storage
 
 
@@ -77,12 +77,12 @@ class BestFitAllocator(LayoutAllocator):
             if low:
                 b = Block(hole.addr, n, s, hole.segment)
                 hole.addr += n
-                _link_before(b, hole)
+                link_before(b, hole)
                 if hole is self.head:
                     self.head = b
             else:
                 b = Block(hole.addr + hole.size - n, n, s, hole.segment)
-                _link_after(b, hole)
+                link_after(b, hole)
             hole.size -= n
             self._add_hole(hole)
             self._refresh_around(hole)  # the storage beyond the shrunk hole sees less free
@@ -96,26 +96,12 @@ class BestFitAllocator(LayoutAllocator):
         return b
 
     def free(self, s: Storage) -> None:
-        b = s.block
-        if b is None:
-            return
-        if self.observer is not None:
-            self.observer.on_free(s, b)
-        s.block = None
-        b.storage = None
-        self.used -= b.size
-        prev, nxt = b.prev, b.next
-        if prev is not None and prev.storage is None:
-            self._remove_hole(prev)
-            prev.size += b.size
-            _unlink(b)
-            b = prev
-        if nxt is not None and nxt.storage is None:
-            self._remove_hole(nxt)
-            b.size += nxt.size
-            _unlink(nxt)
-        self._add_hole(b)
-        self._refresh_around(b)
+        b = self._release(s)
+        if b is not None:
+            self._add_hole(b)
+            self._refresh_around(b)
+
+    _unindex = _remove_hole
 
     def layout(self, request: Storage | None = None) -> list[Block]:
         out = []
@@ -156,25 +142,3 @@ def check_tiling(blocks: list[Block], start: int, end: int) -> None:
         prev = b
     assert addr == end, f"blocks end at {addr}, pool at {end}"
     assert prev is None or prev.next is None
-
-
-def _link_before(b: Block, x: Block) -> None:
-    b.prev, b.next = x.prev, x
-    if x.prev is not None:
-        x.prev.next = b
-    x.prev = b
-
-
-def _link_after(b: Block, x: Block) -> None:
-    b.prev, b.next = x, x.next
-    if x.next is not None:
-        x.next.prev = b
-    x.next = b
-
-
-def _unlink(b: Block) -> None:
-    if b.prev is not None:
-        b.prev.next = b.next
-    if b.next is not None:
-        b.next.prev = b.prev
-    b.prev = b.next = None

@@ -33,3 +33,28 @@ class Block:
     def __repr__(self) -> str:
         who = "free" if self.storage is None else f"storage {self.storage.id}"
         return f"Block({self.addr}+{self.size}, {who}, segment {self.segment})"
+
+
+def link_before(b: Block, x: Block) -> None:
+    """Insert ``b`` just before ``x``."""
+    b.prev, b.next = x.prev, x
+    if x.prev is not None:
+        x.prev.next = b
+    x.prev = b
+
+
+def link_after(b: Block, x: Block) -> None:
+    """Insert ``b`` just after ``x``."""
+    b.prev, b.next = x, x.next
+    if x.next is not None:
+        x.next.prev = b
+    x.next = b
+
+
+def unlink(b: Block) -> None:
+    """Take ``b`` out of its list."""
+    if b.prev is not None:
+        b.prev.next = b.next
+    if b.next is not None:
+        b.next.prev = b.prev
+    b.prev = b.next = None

@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from sortedcontainers import SortedList
 
 from membudget.core.allocators.base import LayoutAllocator
-from membudget.core.allocators.best_fit import _link_after, _unlink, check_tiling
-from membudget.core.allocators.block import Block
+from membudget.core.allocators.best_fit import check_tiling
+from membudget.core.allocators.block import Block, link_after
 from membudget.core.records import Storage
 
 MIN_BLOCK_SIZE = 512  # kMinBlockSize: every block size is a multiple of this
@@ -126,28 +126,15 @@ class TorchCachingAllocator(LayoutAllocator):
 
     def free(self, s: Storage) -> None:
         """Return the block to its pool, merged with free neighbours of the same segment."""
-        b = s.block
-        if b is None:
-            return
-        if self.observer is not None:
-            self.observer.on_free(s, b)
-        s.block = None
-        b.storage = None
-        self.used -= b.size
-        self.requested -= s.nbytes
-        pool = self._segments[b.segment].pool
-        prev, nxt = b.prev, b.next
-        if prev is not None and prev.storage is None:
-            self._remove_free(prev, pool)
-            prev.size += b.size
-            _unlink(b)
-            b = prev
-        if nxt is not None and nxt.storage is None:
-            self._remove_free(nxt, pool)
-            b.size += nxt.size
-            _unlink(nxt)
-        self._add_free(b, pool)
-        self._refresh_around(b)
+        if s.block is not None:
+            self.requested -= s.nbytes
+        b = self._release(s)
+        if b is not None:
+            self._add_free(b, self._segments[b.segment].pool)
+            self._refresh_around(b)
+
+    def _unindex(self, b: Block) -> None:
+        self._remove_free(b, self._segments[b.segment].pool)
 
     def transfer(self, old: Storage, new: Storage) -> None:
         if old.block is not None:
@@ -233,7 +220,7 @@ class TorchCachingAllocator(LayoutAllocator):
         rest = block.size - size
         if (rest >= MIN_BLOCK_SIZE) if pool.small else (rest > SMALL_SIZE):
             tail = Block(block.addr + size, rest, None, block.segment)
-            _link_after(tail, block)
+            link_after(tail, block)
             block.size = size
             self._add_free(tail, pool)
             after = tail.next  # its free neighbour shrank
