@@ -192,29 +192,6 @@ class Engine:
             self._run(t.producer, remat=True)
         return self.executor.value(t)
 
-    def acquire(self, tensors: Sequence[Tensor]) -> None:
-        """Make every tensor defined (recomputing on demand) and lock its storage, so the
-        caller can use their values together; ``unacquire`` undoes it. The live runtime runs
-        an op this way once, to learn its output sizes, before recording it with ``apply``."""
-        done = 0
-        try:
-            for t in tensors:
-                s = t.storage
-                self._touch(s)
-                if not t.defined:
-                    if s.dead or t.producer is None:
-                        raise EngineError(f"{t!r} is not materialized and cannot be recomputed")
-                    self._run(t.producer, remat=True)
-                self._lock(s)
-                done += 1
-        except BaseException:
-            self.unacquire(tensors[:done])
-            raise
-
-    def unacquire(self, tensors: Sequence[Tensor]) -> None:
-        for t in tensors:
-            self._unlock(t.storage)
-
     # ------------------------------------------------------------------ graph
     def _link(self, path: ComputePath) -> None:
         """Add the storage-level edges of a new path and charge its cost to its outputs
