@@ -198,8 +198,7 @@ class Engine:
         (to the new versions of a writing op only once it has run: a live runtime learns
         that cost by running it, and a replay must place those versions the same way)."""
         in_storages = dict.fromkeys(t.storage for t in path.inputs)
-        first = len(path.outputs) - len(path.mutated)
-        versions = [t.storage for t in path.outputs[first:]]
+        versions = [t.storage for t in path.versions]
         for s in dict.fromkeys(t.storage for t in path.outputs):
             if s not in versions:
                 s.cost += path.cost
@@ -300,7 +299,7 @@ class Engine:
             p.reused = reused
             cost = self.executor.run(p, remat)
             if p.mutated and not remat:
-                for t in p.outputs[len(p.outputs) - len(p.mutated):]:
+                for t in p.versions:
                     t.storage.cost += p.cost
             p.reused = {}
             for old in reused.values():  # its bytes now hold the new version
@@ -336,11 +335,10 @@ class Engine:
         nothing (no dependent, no other reference) can need it any more."""
         if self.inplace != "remat":
             return {}
-        first = len(p.outputs) - len(p.mutated)
         out: dict[Storage, Storage] = {}
-        for j, i in enumerate(p.mutated):
+        for i, version in zip(p.mutated, p.versions, strict=True):
             old = p.inputs[i].storage
-            new = p.outputs[first + j].storage
+            new = version.storage
             if not old.resident or old in out.values():
                 continue
             recomputable = not old.pinned and old.tensors[0].producer is not None
@@ -448,11 +446,17 @@ class Engine:
                 t.defined = False
                 t.producer = None  # let the history be garbage-collected
             s.tensors = []  # no cycles left: reference counting frees the records at once
-            for p in s.parents:
-                p.children.pop(s, None)
-                if not p.children and p.ext_refs == 0 and p.locks == 0:
-                    work.append(p)
-            s.parents = {}
+            work.extend(self._detach(s))
+
+    def _detach(self, s: Storage) -> list[Storage]:
+        """Cut ``s`` from its parents; return those that nothing can need any more."""
+        parents, s.parents = s.parents, {}
+        orphans = []
+        for p in parents:
+            p.children.pop(s, None)
+            if not p.children and p.ext_refs == 0 and p.locks == 0 and not p.dead:
+                orphans.append(p)
+        return orphans
 
     def _lock(self, s: Storage) -> None:
         s.locks += 1
@@ -504,11 +508,7 @@ class Engine:
         s.pinned = True
         if s.slot >= 0:
             self.pool.remove(s)
-        parents, s.parents = s.parents, {}
-        if s.ev_parents:
-            s.ev_parents = 0
-        for p in parents:
-            p.children.pop(s, None)
-            if (self.free_dead and not p.children and p.ext_refs == 0 and p.locks == 0
-                    and not p.dead):
+        s.ev_parents = 0
+        for p in self._detach(s):
+            if self.free_dead:
                 self._free(p)

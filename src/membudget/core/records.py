@@ -116,5 +116,10 @@ class ComputePath:
         self.reused: dict[Storage, Storage] = {}
         self.pending: tuple | None = None  # output sizes and aliases until it first runs
 
+    @property
+    def versions(self) -> list[Tensor]:
+        """The new versions of the inputs it writes (``mutated`` in order): the last outputs."""
+        return self.outputs[len(self.outputs) - len(self.mutated):]
+
     def __repr__(self) -> str:
         return f"ComputePath(id={self.id}, op={self.op!r}, cost={self.cost})"

@@ -146,11 +146,9 @@ class TorchExecutor(Executor):
         if call.random and call.rng is None:
             call.rng = capture_rng(_devices(ins), _generators(call.leaves))
         mutated = path.mutated
-        firsts = len(path.outputs) - len(mutated)
         reused = path.reused
-        for j, i in enumerate(mutated):
-            new = path.outputs[firsts + j].storage
-            if reused.get(new) is None:
+        for i, new in zip(mutated, path.versions, strict=True):
+            if reused.get(new.storage) is None:
                 ins[i] = copy_of(ins[i])
         leaves = [ins[x.index] if type(x) is Slot else x for x in call.leaves]
         args, kwargs = unflatten(leaves, call.spec)
