@@ -67,6 +67,40 @@ def test_sliding_window_finds_the_brute_force_minimum(blocks, need, tiny):
     assert math.fsum(costs[i: j + 1]) == expected
 
 
+@settings(max_examples=300)
+@given(blocks=LAYOUTS, need=st.integers(1, 300), data=st.data())
+def test_window_with_lower_bounds_made_exact_on_demand_is_still_the_minimum(blocks, need,
+                                                                          data):
+    """coop's branch and bound: some costs start as lower bounds (a fraction of the truth)
+    and are made exact only where needed; the choice must match brute force on the truth."""
+    import numpy as np
+
+    n = len(blocks)
+    sizes = np.array([b[0] for b in blocks], dtype=np.int64)
+    truth = np.array([b[1] for b in blocks])
+    barrier = np.array([b[2] == 0 for b in blocks], dtype=bool)
+    segments = np.cumsum([b[3] == 0 for b in blocks]).astype(np.int64)
+    pending = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool)
+    shrink = np.array(data.draw(st.lists(st.floats(0, 1), min_size=n, max_size=n)))
+    given = np.where(pending, truth * shrink, truth)
+    asked: list[int] = []
+
+    def exact(k: int) -> float:
+        asked.append(k)
+        return float(truth[k])
+
+    got = cheapest_window(sizes, given, barrier, need, segments, pending.copy(), exact)
+    expected = brute_force(sizes.tolist(), truth.tolist(), barrier.tolist(), need,
+                           segments.tolist())
+    assert len(set(asked)) == len(asked)  # each bound made exact at most once
+    if expected is None:
+        assert got is None
+        return
+    i, j = got
+    assert sizes[i: j + 1].sum() >= need and not barrier[i: j + 1].any()
+    assert math.fsum(truth[i: j + 1]) == expected
+
+
 def fill(eng: Engine, costs: list[float], nbytes: int = 10):
     """A pinned 10-byte leaf, then one 10-byte output per cost, each kept by the program."""
     x = eng.put(10)

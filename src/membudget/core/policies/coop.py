@@ -17,6 +17,7 @@ falls back to evicting dtr-eq's single best candidate and is asked again.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from operator import attrgetter
 
 import numpy as np
@@ -70,16 +71,33 @@ def _exact_best(costs: np.ndarray, starts: np.ndarray, ends: np.ndarray,
 
 
 def cheapest_window(sizes: np.ndarray, costs: np.ndarray, barrier: np.ndarray, need: int,
-                    segments: np.ndarray | None = None) -> tuple[int, int] | None:
+                    segments: np.ndarray | None = None, pending: np.ndarray | None = None,
+                    exact: Callable[[int], float] | None = None) -> tuple[int, int] | None:
     """The run [i, j] of non-barrier blocks of one segment with summed size >= ``need`` and
     the lowest summed cost (the lowest start among equals), or None. ``costs`` must be >= 0
-    and finite where ``barrier`` is False."""
+    and finite where ``barrier`` is False.
+
+    Where ``pending`` is set, a cost is only a lower bound and ``exact(k)`` gives the true
+    one: the cheapest run is made exact block by block until it is exact throughout, and
+    then no other run can be cheaper (branch and bound), so few exact costs are computed.
+    """
     starts, ends = covering_runs(sizes, barrier, need, segments)
     if ends.size == 0:
         return None
     c = np.where(barrier, 0.0, costs)
-    k = _exact_best(c, starts, ends, _cheapest(c, starts, ends))
-    return int(starts[k]), int(ends[k])
+    while True:
+        near = _cheapest(c, starts, ends)
+        todo = [] if pending is None else [
+            k for r in near.tolist() for k in range(int(starts[r]), int(ends[r]) + 1)
+            if pending[k]]
+        if not todo:
+            k = _exact_best(c, starts, ends, near)
+            return int(starts[k]), int(ends[k])
+        assert exact is not None and pending is not None
+        for k in todo:
+            if pending[k]:
+                c[k] = exact(k)
+                pending[k] = False
 
 
 class Coop(DTREq):
@@ -99,13 +117,9 @@ class Coop(DTREq):
 
     def _window(self, pool: CandidatePool, clock: float, blocks: list[Block],
                 need: int) -> tuple[int, int] | None:
-        """The cheapest covering run, by branch and bound on the neighbourhood costs.
-
-        Every block first gets a lower bound of its h (its own cost plus the cached bound of
-        its neighbourhood cost); the cheapest run under these costs is made exact, block by
-        block, until the cheapest run consists of exact costs only: then no other run can be
-        cheaper, since the others' costs are lower bounds.
-        """
+        """The cheapest covering run. Every block's h starts as a lower bound (its own cost
+        plus the cached bound of its neighbourhood cost) and is made exact only where the
+        branch and bound of ``cheapest_window`` needs it."""
         if not blocks:
             return None
         size_a = np.fromiter(map(_size, blocks), dtype=np.int64, count=len(blocks))
@@ -125,26 +139,17 @@ class Coop(DTREq):
         pos = np.flatnonzero(cand)
         barrier = slot_a == BARRIER
         barrier[pos[stale <= 0]] = True  # touched at this very clock: never worth evicting
-        starts, ends = covering_runs(size_a, barrier, need, seg_a)
-        if ends.size == 0:
-            return None
         own = pool.cost[cs]
         costs = np.zeros(len(blocks))
         costs[pos] = (own + pool.bound[cs]) * inv
         pending = np.zeros(len(blocks), dtype=bool)  # lower bounds not yet made exact
         pending[pos] = (pool.ev_parents[cs] + pool.ev_children[cs]) > 0
         items = pool.items
-        while True:
-            near = _cheapest(costs, starts, ends)
-            todo = [k for r in near.tolist()
-                    for k in range(int(starts[r]), int(ends[r]) + 1) if pending[k]]
-            if not todo:
-                k = _exact_best(costs, starts, ends, near)
-                return int(starts[k]), int(ends[k])
-            for k in todo:
-                if pending[k]:
-                    slot = slots[k]
-                    nc = self.neighbour_cost(items[slot])
-                    pool.bound[slot] = nc
-                    costs[k] = (pool.cost[slot] + nc) / (clock - pool.last[slot])
-                    pending[k] = False
+
+        def exact(k: int) -> float:
+            slot = slots[k]
+            nc = self.neighbour_cost(items[slot])
+            pool.bound[slot] = nc
+            return (pool.cost[slot] + nc) / (clock - pool.last[slot])
+
+        return cheapest_window(size_a, costs, barrier, need, seg_a, pending, exact)
