@@ -71,30 +71,29 @@ def capture_rng(devices: Sequence[torch.device], generators: Sequence[torch.Gene
     return (torch.random.get_rng_state(), cuda, [(g, g.get_state()) for g in generators])
 
 
+def _set_rng(rng: tuple) -> None:
+    """Put the generators back in the states ``capture_rng`` took."""
+    cpu, cuda, gens = rng
+    torch.random.set_rng_state(cpu)
+    for d, s in cuda:
+        torch.cuda.set_rng_state(s, d)
+    for g, s in gens:
+        g.set_state(s)
+
+
 class _RestoredRng:
     """Run with the captured generator states, then put the current ones back."""
 
-    def __init__(self, rng) -> None:
+    def __init__(self, rng: tuple) -> None:
         self.rng = rng
 
     def __enter__(self) -> None:
-        cpu, cuda, gens = self.rng
-        self.saved = (torch.random.get_rng_state(),
-                      [(d, torch.cuda.get_rng_state(d)) for d, _ in cuda],
-                      [(g, g.get_state()) for g, _ in gens])
-        torch.random.set_rng_state(cpu)
-        for d, s in cuda:
-            torch.cuda.set_rng_state(s, d)
-        for g, s in gens:
-            g.set_state(s)
+        _, cuda, gens = self.rng
+        self.saved = capture_rng([d for d, _ in cuda], [g for g, _ in gens])
+        _set_rng(self.rng)
 
     def __exit__(self, *exc: object) -> None:
-        cpu, cuda, gens = self.saved
-        torch.random.set_rng_state(cpu)
-        for d, s in cuda:
-            torch.cuda.set_rng_state(s, d)
-        for g, s in gens:
-            g.set_state(s)
+        _set_rng(self.saved)
 
 
 class TorchExecutor(Executor):
