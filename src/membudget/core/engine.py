@@ -458,6 +458,23 @@ class Engine:
                 orphans.append(p)
         return orphans
 
+    def _held_descendants(self, s: Storage) -> list[Storage]:
+        """The storages computed from ``s`` that the program holds or an op is using, and
+        that are not computed from ``s`` only through another such storage."""
+        seen = {s}
+        work = list(s.children)
+        held = []
+        while work:
+            d = work.pop()
+            if d in seen:
+                continue
+            seen.add(d)
+            if d.ext_refs or d.locks:
+                held.append(d)
+            else:
+                work.extend(d.children)
+        return held
+
     def _lock(self, s: Storage) -> None:
         s.locks += 1
         if s.slot >= 0:
@@ -497,11 +514,18 @@ class Engine:
         self.stats.evictions += 1
         return True
 
-    def pin(self, t: Tensor) -> None:
+    def pin(self, t: Tensor, overwrite: bool = False) -> None:
         """Never evict the storage of ``t`` from now on (it is unsafe or unwanted to recompute).
 
         It is materialized first if it was evicted; since it will never be recomputed, its
-        history is dropped, and inputs that only it still needed are freed."""
+        history is dropped, and inputs that only it still needed are freed. ``overwrite``:
+        the program is about to write the storage outside the recorded history, so what was
+        computed from it could not be recomputed after that: every value the program still
+        holds that depends on it is materialized and pinned now, while the old contents are
+        there, and what only those values needed is freed."""
+        if overwrite:
+            for d in self._held_descendants(t.storage):
+                self.pin(d.tensors[0])
         if not t.defined:
             self.get_value(t)
         s = t.storage

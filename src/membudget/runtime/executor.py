@@ -10,7 +10,7 @@ tensor when the engine handed them its block, and into a copy otherwise (copy-on
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from time import perf_counter_ns
 from typing import Any
@@ -96,11 +96,23 @@ class _RestoredRng:
         _set_rng(self.saved)
 
 
-class TorchExecutor(Executor):
-    """Runs :class:`OpCall` paths on real tensors; ``values`` maps engine tensor ids to them."""
+OpTimer = Callable[[Any, tuple, dict, Any], float]
 
-    def __init__(self) -> None:
+
+class TorchExecutor(Executor):
+    """Runs :class:`OpCall` paths on real (or fake) tensors; ``values`` maps engine tensor ids
+    to them. An op's cost is its measured time, or with ``cost`` the seconds that function
+    predicts from the op and its arguments and result (a cost model of another device)."""
+
+    def __init__(self, cost: OpTimer | None = None) -> None:
         self.values: dict[int, torch.Tensor] = {}
+        self.cost = cost
+
+    def _cost(self, call: OpCall, args: tuple, kwargs: dict, out: Any, t0: int) -> float:
+        """The cost of an op's first run in ns: measured since ``t0``, or predicted."""
+        if self.cost is None:
+            return float(perf_counter_ns() - t0)
+        return self.cost(call.func, args, kwargs, out) * 1e9
 
     def probe(self, path: ComputePath) -> tuple[list[int], list[int], float]:
         call: OpCall = path.op
@@ -111,7 +123,7 @@ class TorchExecutor(Executor):
             call.rng = capture_rng(_devices(real), _generators(call.leaves))
         t0 = perf_counter_ns()
         out = call.func(*args, **kwargs)
-        cost = call.cost = float(perf_counter_ns() - t0)
+        cost = call.cost = self._cost(call, args, kwargs, out, t0)
         flat, call.returned_kind = flatten_result(out)
         call.outputs = [k for k, o in enumerate(flat) if isinstance(o, torch.Tensor)]
         call.result = [flat[k] for k in call.outputs]
@@ -127,9 +139,8 @@ class TorchExecutor(Executor):
         elif remat:
             results = self._rerun(path, call, remat)
         else:  # an in-place op's first run: it must see where the engine put its versions
-            t0 = perf_counter_ns()
             results = self._rerun(path, call, remat)
-            path.cost = call.cost = float(perf_counter_ns() - t0)
+            path.cost = call.cost
         values = self.values
         for t, v in zip(outputs, results, strict=True):
             if t.storage.resident:
@@ -139,7 +150,8 @@ class TorchExecutor(Executor):
     def _rerun(self, path: ComputePath, call: OpCall, remat: bool) -> list[torch.Tensor]:
         """Run the op on the inputs' current values (writing into copies of the inputs it
         mutates unless the engine handed the op their blocks); a recomputation draws from
-        the RNG state of the first run and leaves the current one as it was."""
+        the RNG state of the first run and leaves the current one as it was, and a first run
+        (an in-place op's) sets the op's cost."""
         values = self.values
         ins = [values[t.id] for t in path.inputs]
         if call.random and call.rng is None:
@@ -156,7 +168,10 @@ class TorchExecutor(Executor):
                 with _RestoredRng(call.rng):
                     out = call.func(*args, **kwargs)
             else:
+                t0 = perf_counter_ns()
                 out = call.func(*args, **kwargs)
+                if not remat:
+                    call.cost = self._cost(call, args, kwargs, out, t0)
         flat = flatten_result(out)[0]
         return [flat[k] for k in call.outputs] + [ins[i] for i in mutated]
 
@@ -192,16 +207,17 @@ def copy_of(v: torch.Tensor) -> torch.Tensor:
 
 def _layout(tensors: list[torch.Tensor], inputs: list[torch.Tensor]
             ) -> tuple[list[int], list[int]]:
-    """Bytes and aliased input of each output: a view shares its input's storage."""
+    """Bytes and aliased input of each output: a view shares its input's storage. Storages
+    are compared by identity, not data pointer, which fake and meta tensors do not have."""
     owners = {}
     for i, v in enumerate(inputs):
         st = v.untyped_storage()
         if st.nbytes():
-            owners.setdefault((st.data_ptr(), v.device), i)
+            owners.setdefault(st._cdata, i)
     out_bytes, out_alias = [], []
     for o in tensors:
         st = o.untyped_storage()
-        i = owners.get((st.data_ptr(), o.device), -1) if st.nbytes() else -1
+        i = owners.get(st._cdata, -1) if st.nbytes() else -1
         out_alias.append(i)
         out_bytes.append(0 if i >= 0 else st.nbytes())
     return out_bytes, out_alias

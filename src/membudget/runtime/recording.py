@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from membudget.core.records import Tensor
-from membudget.trace.format import CALL, GET, PIN, PUT, RELEASE, Event, write_trace
+from membudget.trace.format import CALL, GET, PHASE, PIN, PUT, RELEASE, Event, write_trace
 
 _RAW_CALL = object()  # a call not yet turned into a trace event
 
@@ -67,8 +67,11 @@ class Recording:
     def get(self, h: Tensor) -> None:
         self.events.append((GET, None, self.tid(h)))
 
-    def pin(self, h: Tensor) -> None:
-        self.events.append((PIN, None, self.tid(h)))
+    def pin(self, h: Tensor, overwrite: bool = False) -> None:
+        self.events.append((PIN, None, self.tid(h), overwrite))
+
+    def phase(self, name: str) -> None:
+        self.events.append((PHASE, None, name))
 
     def write(self, path: str | Path, header: dict[str, Any]) -> Path:
         write_trace(path, header, (self._call_event(*ev[1:]) if ev[0] is _RAW_CALL else ev

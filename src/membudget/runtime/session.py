@@ -12,8 +12,8 @@ room first) and keeps its result. What an op does to memory decides how it is re
 - a random op runs again with the RNG state it first drew from;
 - anything else that writes (memory the engine does not own, such as BatchNorm running
   statistics, or a storage other live views share) runs as it is and its outputs are pinned,
-  never recomputed; if evicted values were computed from what it overwrites, that is
-  refused, since they could no longer be recomputed.
+  never recomputed; what it overwrites, and every value computed from the old contents, is
+  materialized and pinned before it runs, since none of them could be recomputed after it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from membudget.core.engine import Engine
 from membudget.core.records import Tensor
 from membudget.errors import BudgetTooSmallError, MembudgetError, OutOfBudget
 from membudget.runtime.classify import op_info
-from membudget.runtime.executor import OpCall, Slot, TorchExecutor
+from membudget.runtime.executor import OpCall, OpTimer, Slot, TorchExecutor
 from membudget.runtime.flat import flatten, unflatten_result
 from membudget.runtime.recording import Recording
 from membudget.runtime.tensor import Ref, RematTensor, value_of
@@ -75,12 +75,14 @@ class Session(ContextDecorator):
     """A memory budget for the code inside ``with``; see :func:`membudget.budget`."""
 
     def __init__(self, budget: int | str, policy: str = "dtr-eq", allocator: str | None = None,
-                 inplace: str | None = None, record: str | Path | None = None) -> None:
+                 inplace: str | None = None, record: str | Path | None = None,
+                 cost: OpTimer | None = None) -> None:
         self.budget_bytes = parse_bytes(budget) if isinstance(budget, str) else int(budget)
         if self.budget_bytes <= 0:
             raise MembudgetError(f"a budget must be > 0 bytes, got {budget!r}")
         self.policy, self.allocator, self.inplace = policy, allocator, inplace
         self.record = record
+        self.cost = cost
         self.recording = Recording()
         self.engine: Engine | None = None
         self.stats = SessionStats(self.budget_bytes)
@@ -90,12 +92,12 @@ class Session(ContextDecorator):
     def __enter__(self) -> Session:
         if self.engine is not None:
             raise MembudgetError("this budget session is already active; make a new one")
-        self.executor = TorchExecutor()
+        self.executor = TorchExecutor(self.cost)
         self.engine = Engine(self.budget_bytes, self.policy, self.allocator, self.executor,
                              inplace=self.inplace)
         self.allocator_name = self.engine.allocator.name
         self._leaves: dict[tuple, tuple[torch.Tensor, Tensor]] = {}
-        self._bases: dict[tuple, Tensor] = {}  # real storage -> its leaf
+        self._bases: dict[int, Tensor] = {}  # real storage -> its leaf
         self._refs: weakref.WeakSet[Ref] = weakref.WeakSet()
         self._pending: list[Tensor] = []
         self._busy = False
@@ -121,13 +123,35 @@ class Session(ContextDecorator):
         if exc_type is None and self.record is not None:
             self.trace(self.record)
 
-    def trace(self, path: str | Path) -> Path:
-        """Write this session's run as a trace the simulator can replay."""
-        header = {"model": "live", "source": "membudget.budget", "cost_unit": "ns",
-                  "cost_source": "measured", "policy": self.policy,
-                  "allocator": getattr(self, "allocator_name", self.allocator),
-                  "budget_bytes": self.budget_bytes}
-        return self.recording.write(path, header)
+    def trace(self, path: str | Path, **header: Any) -> Path:
+        """Write this session's run as a trace the simulator can replay; ``header`` adds to
+        or overrides the trace header's fields (model, batch, ...)."""
+        head = {"model": "live", "source": "membudget.budget", "cost_unit": "ns",
+                "cost_source": "measured" if self.cost is None else "predicted",
+                "policy": self.policy,
+                "allocator": getattr(self, "allocator_name", self.allocator),
+                "budget_bytes": self.budget_bytes, **header}
+        return self.recording.write(path, head)
+
+    def adopt(self, tensors: Any) -> None:
+        """Count these plain tensors toward the budget from now on, as pinned leaves: state
+        the program holds for the whole step (parameters, buffers, optimizer state) that no
+        op has touched yet."""
+        eng = self.engine
+        if eng is None:
+            raise MembudgetError("adopt() needs an active session (inside `with`)")
+        for x in tensors:
+            if type(x) is not RematTensor:
+                self._leaf(x)
+
+    def phase(self, name: str) -> None:
+        """Mark what the program computes from here on ("forward", "backward", "optimizer"):
+        a trace event, and the kind the engine gives new storages (as the replay does)."""
+        eng = self.engine
+        if eng is None:
+            raise MembudgetError("phase() needs an active session (inside `with`)")
+        self.recording.phase(name)
+        eng.output_kind = "gradient" if name == "backward" else "activation"
 
     def _hand_out(self) -> None:
         """Give every live wrapper its value and every leaf a plain gradient, so that what
@@ -135,7 +159,7 @@ class Session(ContextDecorator):
         for ref in list(self._refs):
             if ref.handle is not None:
                 ref.value = self.read(ref.handle)
-        for tensor, _ in self._leaves.values():
+        for tensor, _ in list(self._leaves.values()):
             g = tensor.grad
             if type(g) is RematTensor:
                 tensor.grad = value_of(g)
@@ -216,7 +240,7 @@ class Session(ContextDecorator):
         """The engine handle of a plain tensor: one pinned leaf per real storage, counted
         once, and other views of that storage (DDP's bucket views, say) as views of it."""
         st = x.untyped_storage()
-        where = (st.data_ptr(), x.device)
+        where = st._cdata  # the storage's identity (fake tensors have no data pointer)
         key = (where, x.dtype, tuple(x.size()), tuple(x.stride()), x.storage_offset())
         hit = self._leaves.get(key)
         if hit is not None:
@@ -255,6 +279,8 @@ class Session(ContextDecorator):
                 self._drain()
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if func.namespace == "prim":  # metadata queries (a fake tensor's prim::device): no data
+            return func(*args, **kwargs)
         return self._guarded(lambda: self._dispatch(func, args, kwargs))
 
     def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -309,18 +335,15 @@ class Session(ContextDecorator):
                 rec.release(old)
                 eng.release(old)
             return _written_result(func, [objects[i] for i in mutated])
+        # a write the engine cannot version: what it overwrites no longer matches its history,
+        # nor could what was computed from the old value be recomputed after it (both are
+        # pinned first), and the op itself is never recomputed (it would write again)
         for i in mutated:
-            if any(not c.dead for c in inputs[i].storage.children):
-                raise NotImplementedError(
-                    f"{func} writes a tensor that earlier recorded ops read, outside what the "
-                    "engine can version (memory it does not own, or a storage other live views "
-                    "share); their results could not be recomputed after it. Run this op "
-                    "outside the membudget session.")
+            rec.pin(inputs[i], overwrite=True)
+            eng.pin(inputs[i], overwrite=True)
         handles = eng.apply(call, inputs, None)
         rec.call(func, inputs, handles, call.cost)
-        # never recomputed (it would write again), and what it overwrote in place no longer
-        # matches its history
-        for h in [*handles, *(inputs[i] for i in mutated)]:
+        for h in handles:
             rec.pin(h)
             eng.pin(h)
         return self._returned(call, handles)

@@ -58,7 +58,7 @@ def replay(engine: Engine, events: Iterable[Event], source: object = "<trace>") 
             elif kind == GET:
                 engine.get_value(handles[ev[2]])
             elif kind == PIN:
-                engine.pin(handles[ev[2]])
+                engine.pin(handles[ev[2]], ev[3])
             elif kind == PHASE:  # what the program computes from here on
                 engine.output_kind = "gradient" if ev[2] == "backward" else "activation"
             else:

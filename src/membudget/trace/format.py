@@ -28,7 +28,7 @@ COPY = "copy"  # src, dst: dst is a new handle to src's tensor
 COPY_FROM = "copy_from"  # src, dst: dst now refers to src's tensor (its old value is released)
 RELEASE = "release"  # tid
 GET = "get"  # tid: the program reads the value
-PIN = "pin"  # tid: never evict its storage from now on (its op cannot be recomputed safely)
+PIN = "pin"  # tid, overwrite: never evict its storage from now on (see docs/trace-format.md)
 PHASE = "phase"  # name: a marker such as "backward"
 
 Event = tuple
@@ -139,8 +139,10 @@ def event_to_json(ev: Event) -> dict[str, Any]:
         return {"ev": PUT, "t": ev[2], "bytes": ev[3], "kind": ev[4]}
     if kind in (COPY, COPY_FROM):
         return {"ev": kind, "src": ev[2], "t": ev[3]}
-    if kind in (RELEASE, GET, PIN):
+    if kind in (RELEASE, GET):
         return {"ev": kind, "t": ev[2]}
+    if kind == PIN:
+        return {"ev": PIN, "t": ev[2], "overwrite": True} if ev[3] else {"ev": PIN, "t": ev[2]}
     if kind == PHASE:
         return {"ev": PHASE, "name": ev[2]}
     raise ValueError(f"unknown event kind {kind!r}")
@@ -199,8 +201,14 @@ def parse_event(obj: Any, path: object, line: int) -> Event:
         if not isinstance(op, str):
             raise TraceError(path, line, f"field 'op' must be a string, got {op!r}")
         return (CALL, line, op, ins, outs, nbytes, alias, float(cost), mut)
-    if kind in (RELEASE, GET, PIN):
+    if kind in (RELEASE, GET):
         return (kind, line, _int(obj, "t", path, line))
+    if kind == PIN:
+        overwrite = obj.get("overwrite", False)
+        if not isinstance(overwrite, bool):
+            raise TraceError(path, line, f"field 'overwrite' must be true or false, got "
+                                         f"{overwrite!r}")
+        return (PIN, line, _int(obj, "t", path, line), overwrite)
     if kind in (COPY, COPY_FROM):
         return (kind, line, _int(obj, "src", path, line), _int(obj, "t", path, line))
     if kind == PUT:
