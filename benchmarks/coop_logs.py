@@ -13,17 +13,18 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 from membudget.bench.plot import plot_fragmentation, plot_overhead, plot_search_latency
-from membudget.bench.report import limits_markdown, metrics_markdown, overhead_markdown
+from membudget.bench.report import (
+    limits_markdown,
+    metrics_markdown,
+    overhead_markdown,
+    summary_markdown,
+)
 from membudget.bench.sweep import limits, sweep
-from membudget.sim.budgets import BudgetLimits
-from membudget.sim.simulate import SimResult
 from membudget.trace import expand_sources, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,46 +33,6 @@ METHODS = ["dtr-eq@best-fit", "dtr@best-fit", "dte", "megengine", "coop", "coop-
 RATIOS = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
 QUICK_LOGS = 2  # --quick: the logs with the fewest events …
 QUICK_RATIOS = [0.7, 0.5, 0.3]  # … at these ratios
-SUMMARY_RATIOS = (0.5, 0.3)
-
-
-def _median(xs: Sequence[float]) -> float | None:
-    return statistics.median(xs) if xs else None
-
-
-def _pct(x: float | None) -> str:
-    return "—" if x is None else f"{100 * x:.1f}%"
-
-
-def summary_markdown(results: Sequence[SimResult], found: Sequence[BudgetLimits],
-                     methods: Sequence[str]) -> str:
-    """One row per method: runs completed; median overhead at each of SUMMARY_RATIOS over
-    the logs where it completed; median per-run search p50 and mean fragmentation over the
-    runs with failed allocations; median minimum ratio over the logs that have one."""
-    head = ["method", "completed"]
-    head += [f"overhead @ {q:g} (logs)" for q in SUMMARY_RATIOS]
-    head += ["search p50 µs", "frag. mean"]
-    if found:
-        head.append("minimum ratio (logs)")
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    for m in methods:
-        runs = [r for r in results if r.method == m]
-        row = [m, f"{sum(r.status == 'ok' for r in runs)}/{len(runs)}"]
-        for q in SUMMARY_RATIOS:
-            at = [r for r in runs if r.ratio == q]
-            ok = [r.overhead for r in at if r.status == "ok"]
-            row.append(f"{_pct(_median(ok))} ({len(ok)}/{len(at)})" if at else "—")
-        p50 = _median([r.search_us["p50"] for r in runs if r.search_us["count"]])
-        row.append("—" if p50 is None else f"{p50:.1f}")
-        row.append(_pct(_median([r.fragmentation["mean"] for r in runs
-                                 if r.fragmentation["count"]])))
-        if found:
-            mins = [b.minimum for b in found if b.method == m and b.minimum is not None]
-            total = sum(b.method == m for b in found)
-            low = _median(mins)
-            row.append(f"{'—' if low is None else f'{low:.2f}'} ({len(mins)}/{total})")
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
 
 
 def main() -> None:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.progress import ProgressColumn, Task
+from rich.text import Text
 
 from membudget.errors import MembudgetError
 from membudget.units import format_bytes, parse_bytes
@@ -157,8 +161,13 @@ def sweep(
                                              "minimum and cutoff budget.")] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write all results as "
                                                                  "JSON.")] = None,
+    batch: Annotated[int | None, typer.Option(help="Batch size of zoo models given by name "
+                                              "(default: each paper's).")] = None,
+    device_spec: Annotated[str, typer.Option(help="Device spec pricing the ops of zoo models "
+                                             "given by name.")] = "a100-80gb",
 ) -> None:
-    """Simulate several methods at several budget ratios on several traces."""
+    """Simulate several methods at several budget ratios on several traces. A zoo model's
+    name stands for a fake capture of its training step, made on first use and cached."""
     from membudget.bench.report import limits_table, metrics_table, overhead_table
     from membudget.bench.sweep import limits as bisect
     from membudget.bench.sweep import sweep as run
@@ -167,6 +176,11 @@ def sweep(
 
     methods = [Method.parse(m, allocator, inplace) for m in _names(policies)]
     sources = expand_sources(traces)
+    if not all(Path(t).exists() or "::" in t for t in sources):
+        from membudget.trace.capture import zoo_sources
+
+        with _capture_progress("capturing zoo models") as progress:
+            sources = zoo_sources(sources, batch, device_spec, progress)
     results = run(sources, methods, _floats(ratios, "--ratios"), semantics=semantics,
                   overhead_limit=_limit(overhead_limit), workers=workers or None, console=err)
     out.print(overhead_table(results))
@@ -225,6 +239,81 @@ def timeline(
     if result.status != "ok":
         err.print(f"the run ended {result.status}: {result.message}")
         raise typer.Exit(1)
+
+
+@app.command("models")
+def models_cmd() -> None:
+    """List the zoo: each model's paper, parameter count and default (paper) batch size."""
+    from rich.table import Table
+
+    from membudget.models import get, names, param_count
+
+    table = Table(title="membudget zoo (membudget trace MODEL to capture one training step)")
+    for col in ("model", "params", "batch", "small batch", "paper", "what"):
+        table.add_column(col, justify="right" if col in ("params", "batch", "small batch")
+                         else "left")
+    for name in names():
+        e = get(name)
+        table.add_row(name, f"{param_count(name) / 1e6:,.1f} M", str(e.batch),
+                      str(e.small_batch), e.paper, e.description)
+    out.print(table)
+
+
+@app.command()
+def trace(
+    model: Annotated[str, typer.Argument(help="A zoo model (membudget models lists them).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Trace to write (.gz to "
+                                                                 "compress).")],
+    batch: Annotated[int | None, typer.Option(help="Batch size (default: the paper's).")]
+        = None,
+    device_spec: Annotated[str | None, typer.Option(help="Price each op on this device "
+                                                    "(a100-80gb, a100-40gb, h100, rtx-2080ti, "
+                                                    "titan-v, cpu); default: a100-80gb with "
+                                                    "--fake, measured times live.")] = None,
+    fake: Annotated[bool, typer.Option("--fake", help="Capture under FakeTensorMode: nothing "
+                                       "is allocated, any size fits.")] = False,
+    device: Annotated[str | None, typer.Option(help="Device of a live capture (default "
+                                               "cpu).")] = None,
+) -> None:
+    """Record one training step (forward, backward, AdamW step) of a zoo model as a trace."""
+    from membudget.trace.capture import capture_step
+
+    with _capture_progress(f"{model} at batch {batch or 'paper'}") as progress:
+        c = capture_step(model, batch, fake=fake, spec=device_spec, path=output,
+                         device=device, progress=progress)
+    out.print(f"wrote {c.ops:,} ops of {c.model} (batch {c.batch}, "
+              f"{'fake' if c.fake else 'live'}, costs: {c.spec or 'measured'}) to {c.path}: "
+              f"unconstrained peak {format_bytes(c.peak_bytes)}, "
+              f"{c.param_count / 1e6:,.1f} M parameters, {c.seconds:.1f} s, "
+              f"max RSS {format_bytes(c.max_rss_bytes)}")
+
+
+@contextmanager
+def _capture_progress(what: str) -> Iterator[Callable[[str, Any], None]]:
+    """A spinner naming the step's phase and counting the ops recorded so far; yields the
+    callback a capture reports its phases to."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    ops = _OpsColumn()
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), ops, TimeElapsedColumn(),
+                  console=err, transient=True) as bar:
+        task = bar.add_task(what)
+
+        def tell(phase: str, session: Any) -> None:
+            ops.session = session
+            bar.update(task, description=f"{what}: {phase}")
+
+        yield tell
+
+
+class _OpsColumn(ProgressColumn):
+    """The ops recorded so far by the session being captured (redrawn 10 times a second)."""
+
+    session: Any = None
+
+    def render(self, task: Task) -> Text:
+        engine = getattr(self.session, "engine", None)
+        return Text(f"{engine.stats.ops:,} ops" if engine is not None else "")
 
 
 @app.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 from rich.table import Table
@@ -120,4 +121,43 @@ def limits_markdown(found: Sequence[BudgetLimits]) -> str:
     lines = ["| trace | method | minimum | cutoff |", "|---|---|---:|---:|"]
     lines += [f"| {b.trace} | {b.method} | {_limit_cell(b.minimum)} | {_limit_cell(b.cutoff)} |"
               for b in found]
+    return "\n".join(lines)
+
+
+def _median_or_none(xs: Sequence[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def summary_markdown(results: Sequence[SimResult], found: Sequence[BudgetLimits],
+                     methods: Sequence[str], ratios: Sequence[float] = (0.5, 0.3)) -> str:
+    """One row per method: runs completed; median overhead at each of ``ratios`` over the
+    traces where it completed; median per-run search p50 and mean fragmentation over the
+    runs with failed allocations; median minimum ratio over the traces that have one."""
+    head = ["method", "completed"]
+    head += [f"overhead @ {q:g} (traces)" for q in ratios]
+    head += ["search p50 µs", "frag. mean"]
+    if found:
+        head.append("minimum ratio (traces)")
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for m in methods:
+        runs = [r for r in results if r.method == m]
+        row = [m, f"{sum(r.status == 'ok' for r in runs)}/{len(runs)}"]
+        for q in ratios:
+            at = [r for r in runs if r.ratio == q]
+            ok = [r.overhead for r in at if r.status == "ok"]
+            row.append(f"{_pct(_median_or_none(ok))} ({len(ok)}/{len(at)})" if at else "—")
+        p50 = _median_or_none([r.search_us["p50"] for r in runs if r.search_us["count"]])
+        row.append("—" if p50 is None else f"{p50:.1f}")
+        frag = [r.fragmentation["mean"] for r in runs if r.fragmentation["count"]]
+        row.append(_pct(_median_or_none(frag)))
+        if found:
+            mins = [b.minimum for b in found if b.method == m and b.minimum is not None]
+            total = sum(b.method == m for b in found)
+            low = _median_or_none(mins)
+            row.append(f"{'—' if low is None else f'{low:.2f}'} ({len(mins)}/{total})")
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)

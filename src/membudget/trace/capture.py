@@ -1,0 +1,213 @@
+"""Capture one training step of a zoo model as a trace: forward, backward and an AdamW step.
+
+The step runs inside a ``membudget.budget`` session with no limit, so the trace comes from the
+same recorder as any live run. Live, op costs are measured times (or predicted by a device
+spec); with ``fake`` the model is built and run under ``FakeTensorMode``, so nothing is
+allocated and a model of any size is captured in minutes, with costs from the device spec.
+Parameters, buffers, optimizer state and the batch enter the trace first, as the pinned leaves
+they are for the whole step; the optimizer state exists already (a steady-state step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import resource
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_leaves
+
+from membudget import models
+from membudget.errors import MembudgetError
+from membudget.runtime.session import Session
+from membudget.units import format_bytes
+
+UNLIMITED = 2**62
+CAPTURE_VERSION = 1  # bump when what a capture records changes, to invalidate the cache
+FAKE_SPEC = "a100-80gb"  # the default cost model of a fake capture
+Progress = Callable[[str, Session | None], None]
+
+
+@dataclass
+class Capture:
+    """What a capture produced: the trace (if written), its size and what it took."""
+
+    model: str
+    batch: int
+    fake: bool
+    spec: str | None  # the device spec that priced the ops; None: measured times
+    path: Path | None
+    ops: int
+    peak_bytes: int
+    param_count: int
+    seconds: float
+    max_rss_bytes: int
+
+
+class LiveStepTooLarge(MembudgetError, MemoryError):
+    """A live capture would need more memory than the device has."""
+
+
+def capture_step(name: str, batch: int | None = None, *, fake: bool = False,
+                 spec: str | None = None, path: str | Path | None = None,
+                 device: str | torch.device | None = None, check_fits: bool = True,
+                 progress: Progress | None = None) -> Capture:
+    """Record one training step of zoo model ``name`` at ``batch`` (its paper batch by
+    default) and write it to ``path``. ``spec`` prices each op on a named device
+    (``membudget.cost``); a fake capture defaults to ``a100-80gb``, a live one to measured
+    times. A live capture first checks, with a fake one, that the step fits the device."""
+    entry = models.get(name)
+    batch = entry.batch if batch is None else batch
+    if batch < 1:
+        raise MembudgetError(f"a batch size must be >= 1, got {batch}")
+    if fake and spec is None:
+        spec = FAKE_SPEC
+    if not fake and check_fits:
+        _check_fits(name, batch, device)
+    timer = None
+    if spec is not None:
+        from membudget.cost import CostModel, get_spec
+
+        timer = CostModel(get_spec(spec)).op_seconds
+    tell = progress or (lambda phase, session: None)
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    with _building(fake, device):
+        tell("build", None)
+        workload = entry.build(batch)
+        model = workload.model.train()
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = _optimizer(params)
+        with Session(UNLIMITED, "dtr", cost=timer) as session:
+            session.adopt(params)
+            session.adopt(model.buffers())
+            session.adopt(tree_leaves([optimizer.state[p] for p in params]))
+            session.adopt(t for t in tree_leaves(workload.batch) if isinstance(t, torch.Tensor))
+            tell("forward", session)
+            session.phase("forward")
+            loss = workload.loss(model, workload.batch)
+            tell("backward", session)
+            session.phase("backward")
+            loss.backward()
+            tell("optimizer", session)
+            session.phase("optimizer")
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del loss
+    result = Capture(name, batch, fake, spec, None, session.stats.ops, session.stats.peak_bytes,
+                     sum(p.numel() for p in model.parameters()), time.perf_counter() - t0,
+                     resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    if path is not None:
+        tell("write", None)
+        result.path = session.trace(
+            path, model=name, batch=batch, fake=fake, device_spec=spec,
+            cost_source=f"predicted:{spec}" if spec else "measured",
+            source="membudget trace", params=result.param_count, torch=torch.__version__,
+            policy=None, allocator=None, budget_bytes=None,
+            dtype=str(torch.get_default_dtype()).removeprefix("torch."))
+    return result
+
+
+def _optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """AdamW (fused: one update op over all parameters) with its state already made, as in
+    every step after the first; zero gradients make the state without changing the model
+    beyond AdamW's weight decay."""
+    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return optimizer
+
+
+@contextlib.contextmanager
+def _building(fake: bool, device: str | torch.device | None) -> Iterator[None]:
+    """Where the zoo builder creates its tensors: fake ones, or real ones on ``device``."""
+    if fake:
+        with FakeTensorMode():
+            yield
+    elif device is not None:
+        with torch.device(device):
+            yield
+    else:
+        yield
+
+
+def _check_fits(name: str, batch: int, device: str | torch.device | None) -> None:
+    """Refuse a live capture whose step (from a fake capture) exceeds the device's free
+    memory, before anything is built."""
+    need = capture_step(name, batch, fake=True, spec=None).peak_bytes
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    free = _free_bytes(dev)
+    if free is not None and need > free:
+        raise LiveStepTooLarge(
+            f"a live step of {name} at batch {batch} needs about {format_bytes(need)} "
+            f"(parameters, gradients, optimizer state and activations, from a fake capture) "
+            f"but {dev} has {format_bytes(free)} free; capture it with --fake (nothing is "
+            f"allocated) or a smaller --batch")
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    """Free memory on ``device``: CUDA's, or the host's available memory (None: unknown)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+# ---------------------------------------------------------------------------------- cache
+def cache_dir() -> Path:
+    """Where captured traces are kept: ``$MEMBUDGET_CACHE/traces`` or ~/.cache/membudget."""
+    root = os.environ.get("MEMBUDGET_CACHE") or Path.home() / ".cache" / "membudget"
+    return Path(root) / "traces"
+
+
+def cached_trace(name: str, batch: int | None = None, *, spec: str = FAKE_SPEC,
+                 progress: Progress | None = None) -> Path:
+    """The fake-captured trace of zoo model ``name``, captured now unless a capture with the
+    same model, batch, spec and software versions is cached on disk."""
+    import transformers
+
+    from membudget import __version__
+
+    entry = models.get(name)
+    batch = entry.batch if batch is None else batch
+    key = hashlib.sha256(repr((__version__, torch.__version__, transformers.__version__,
+                               CAPTURE_VERSION)).encode()).hexdigest()[:12]
+    path = cache_dir() / f"{name}-b{batch}-{spec}-{key}.jsonl.gz"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.gz")
+        capture_step(name, batch, fake=True, spec=spec, path=tmp, progress=progress)
+        tmp.replace(path)  # atomic: concurrent sweeps never read half a trace
+    return path
+
+
+def zoo_sources(items: list[str], batch: int | None = None, spec: str = FAKE_SPEC,
+                progress: Progress | None = None) -> list[str]:
+    """Trace sources with every zoo model name replaced by its cached fake capture; anything
+    that exists as a file, or names a member of an archive, is kept as it is."""
+    out = []
+    for item in items:
+        if Path(item).exists() or "::" in item:
+            out.append(item)
+        elif item in models.names():
+            out.append(str(cached_trace(item, batch, spec=spec, progress=progress)))
+        else:
+            raise MembudgetError(f"{item!r} is neither a trace file nor a zoo model; zoo "
+                                 f"models: {', '.join(models.names())}")
+    return out
