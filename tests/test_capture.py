@@ -101,7 +101,7 @@ def test_trace_and_sweep_commands_accept_zoo_models(tmp_path, monkeypatch):
             "--workers", "1"]
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
-    cached = list((tmp_path / "cache" / "traces").glob("treelstm-b2-a100-80gb-*.jsonl.gz"))
+    cached = list((tmp_path / "cache" / "traces").glob("treelstm-b2-a100-80gb-adamw-*.jsonl.gz"))
     assert len(cached) == 1
     stamp = cached[0].stat().st_mtime_ns
     again = CliRunner().invoke(app, args)

@@ -375,3 +375,20 @@ def test_an_optimizer_step_inside_the_session_updates_parameters_like_eager(poli
     assert session.stats.evictions > 0 and session.stats.peak_bytes <= nbytes
     for p, r in zip(got, ref, strict=True):
         torch.testing.assert_close(p, r, rtol=0, atol=0)
+
+
+def test_batchnorm_output_is_recomputed_without_updating_its_statistics_again():
+    """Training-mode batch norm writes its running statistics as a side effect: its output
+    is still evictable, and recomputing it leaves the statistics as one eager step did."""
+    bn = nn.BatchNorm1d(8)
+    x = torch.randn(16, 8)
+    ref_bn = copy.deepcopy(bn)
+    ref = ref_bn(x)
+    with membudget.budget("1 MiB") as session:
+        y = bn(x)
+        assert session.evict(y)
+        assert torch.equal(y.value(), ref)
+        assert session.engine.stats.remat_ops == 1
+    torch.testing.assert_close(bn.running_mean, ref_bn.running_mean, rtol=0, atol=0)
+    torch.testing.assert_close(bn.running_var, ref_bn.running_var, rtol=0, atol=0)
+    assert int(bn.num_batches_tracked) == 1

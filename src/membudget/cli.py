@@ -1,4 +1,4 @@
-"""The ``membudget`` command line: import traces, simulate policies, sweep budgets, demo."""
+"""The ``membudget`` command line: import and capture traces, simulate, sweep, plan, pack, demo."""
 
 from __future__ import annotations
 
@@ -274,13 +274,17 @@ def trace(
                                        "is allocated, any size fits.")] = False,
     device: Annotated[str | None, typer.Option(help="Device of a live capture (default "
                                                "cpu).")] = None,
+    optimizer: Annotated[str, typer.Option(help="Optimizer of a captured step: adamw (fused, "
+                                           "one update after every gradient) or sgd (one "
+                                           "update per parameter, as OLLA's "
+                                           "benchmarks).")] = "adamw",
 ) -> None:
     """Record one training step (forward, backward, AdamW step) of a zoo model as a trace."""
     from membudget.trace.capture import capture_step
 
     with _capture_progress(f"{model} at batch {batch or 'paper'}") as progress:
         c = capture_step(model, batch, fake=fake, spec=device_spec, path=output,
-                         device=device, progress=progress)
+                         device=device, optimizer=optimizer, progress=progress)
     out.print(f"wrote {c.ops:,} ops of {c.model} (batch {c.batch}, "
               f"{'fake' if c.fake else 'live'}, costs: {c.spec or 'measured'}) to {c.path}: "
               f"unconstrained peak {format_bytes(c.peak_bytes)}, "
@@ -314,6 +318,100 @@ class _OpsColumn(ProgressColumn):
     def render(self, task: Task) -> Text:
         engine = getattr(self.session, "engine", None)
         return Text(f"{engine.stats.ops:,} ops" if engine is not None else "")
+
+
+@app.command()
+def plan(
+    source: Annotated[str, typer.Argument(help="A trace, a DTR log, or a zoo model (captured "
+                                               "under FakeTensorMode, cached).")],
+    time_limit: Annotated[float, typer.Option(help="Seconds for the whole plan (half for the "
+                                              "order, half for the offsets).")] = 30.0,
+    solver: Annotated[str | None, typer.Option(help="Order solver: cpsat (default), highs or "
+                                               "greedy.")] = None,
+    batch: Annotated[int | None, typer.Option(help="Batch size of a zoo model (default: its "
+                                              "paper's).")] = None,
+    device_spec: Annotated[str, typer.Option(help="Device spec pricing a zoo model's "
+                                             "ops.")] = "a100-80gb",
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the plan "
+                                                "(order, offsets, figures) as JSON.")] = None,
+    optimizer: Annotated[str, typer.Option(help="Optimizer of a captured step: adamw (fused, "
+                                           "one update after every gradient) or sgd (one "
+                                           "update per parameter, as OLLA's "
+                                           "benchmarks).")] = "adamw",
+) -> None:
+    """Plan one step statically (OLLA): reorder its operators and place every tensor in one
+    arena; print the recorded-order peak, planned peak, arena, lower bound and solve times."""
+    from rich.table import Table
+
+    from membudget.plan.planner import plan_trace
+    from membudget.trace import load_trace
+
+    path = source
+    if not (Path(source).exists() or "::" in source):
+        from membudget.trace.capture import zoo_sources
+
+        with _capture_progress(f"capturing {source}") as progress:
+            path = zoo_sources([source], batch, device_spec, progress, optimizer)[0]
+    trace = load_trace(path)
+    with err.status(f"planning {trace.name} ({time_limit:g} s)") as status:
+        p = plan_trace(trace, time_limit, solver,
+                       progress=lambda stage: status.update(f"planning {trace.name}: {stage}"))
+    s = p.summary()
+    table = Table(title=f"static plan of {trace.name} ({s['ops']:,} ops)")
+    table.add_column("")
+    table.add_column("bytes", justify="right")
+    table.add_column("vs recorded order", justify="right")
+    table.add_column("how", justify="left")
+    rec = p.recorded_peak
+
+    def row(what: str, value: int | None, how: str) -> None:
+        if value is not None:
+            table.add_row(what, format_bytes(value), f"{value / rec - 1:+.1%}", how)
+
+    row("recorded order (freed at last use)", rec, "the order PyTorch ran")
+    row("caching allocator, recorded order", p.caching_peak, "reserved segments")
+    row("lower bound", p.order.lower_bound, "largest single-op working set + leaves")
+    row("planned order", p.order.peak,
+        f"{p.order.solver} {p.order.status}, gap {p.order.gap:.2%}, {p.order.seconds:.1f} s")
+    row("arena", p.arena, f"{p.packing.method}, {p.packing.seconds:.1f} s, fragmentation "
+                          f"{p.fragmentation:.2%}"
+                          + (", proven optimal" if p.packing.proven_optimal else ""))
+    out.print(table)
+    for m in s["messages"]:
+        err.print(m)
+    if output:
+        output.write_text(json.dumps({**s, "order": p.order.order,
+                                      "offsets": p.packing.offsets}, indent=1))
+        err.print(f"wrote {output}")
+
+
+@app.command()
+def pack(
+    problem: Annotated[Path, typer.Argument(help="A MiniMalloc CSV: id,lower,upper,size "
+                                                 "(half-open lifetimes).")],
+    capacity: Annotated[int | None, typer.Option(help="Arena bytes every buffer must fit in "
+                                                 "(exit 1 if not); default: minimize the "
+                                                 "height.")] = None,
+    time_limit: Annotated[float, typer.Option(help="Seconds for the search.")] = 10.0,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Solution CSV (adds "
+                                                "an offset column).")] = None,
+) -> None:
+    """Give every buffer of a MiniMalloc problem an offset (greedy packers, then an exact
+    search within the time limit); the packing is checked by the independent validator."""
+    from membudget.plan.pack import pack_file
+
+    with err.status(f"packing {problem}"):
+        result, code = pack_file(problem, capacity=capacity, time_limit=time_limit, out=output)
+    fits = "" if capacity is None else (f", fits {capacity:,}" if code == 0 else
+                                        f", does NOT fit {capacity:,}")
+    out.print(f"height {result.height:,} (max-load bound {result.lower_bound:,}{fits}) by "
+              f"{result.method} in {result.seconds:.1f} s"
+              + ("; proven optimal" if result.proven_optimal else ""))
+    if result.message:
+        err.print(result.message)
+    if output:
+        err.print(f"wrote {output}")
+    raise typer.Exit(code)
 
 
 @app.command()

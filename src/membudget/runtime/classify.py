@@ -16,12 +16,15 @@ aten = torch.ops.aten
 
 # Schemas that do not declare every write. native_batch_norm updates running_mean and
 # running_var in training mode although its schema has no (a!) on them; PyTorch's own
-# functionalization works around it with _native_batch_norm_legit_functional.
+# functionalization works around it with _native_batch_norm_legit_functional. These writes
+# are side effects: in training mode no output depends on them, so the op is recomputed with
+# those arguments None (no write), and only the first run updates the statistics.
 UNDECLARED_WRITES: dict[object, tuple[str, ...]] = {
     aten.native_batch_norm.default: ("running_mean", "running_var"),
     aten.cudnn_batch_norm.default: ("running_mean", "running_var"),
     aten.miopen_batch_norm.default: ("running_mean", "running_var"),
 }
+SIDE_EFFECT_FLAG = "training"  # the argument that must be true for the writes above to happen
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,15 @@ class OpInfo:
 
     writes: tuple[tuple[int, str], ...]
     random: bool
+    side_effects: int | None = None  # position of SIDE_EFFECT_FLAG if its writes are only that
+
+    def side_effects_only(self, args: tuple, kwargs: dict) -> bool:
+        """Are this call's writes side effects no output depends on (see UNDECLARED_WRITES)?"""
+        pos = self.side_effects
+        if pos is None:
+            return False
+        flag = args[pos] if pos < len(args) else kwargs.get(SIDE_EFFECT_FLAG, False)
+        return bool(flag)
 
     def written(self, args: tuple, kwargs: dict) -> list[object]:
         """The values passed for the written arguments (tensors, lists of tensors, None)."""
@@ -49,4 +61,8 @@ def op_info(func: torch._ops.OpOverload) -> OpInfo:
     writes = tuple((i, a.name) for i, a in enumerate(schema.arguments)
                    if (a.alias_info is not None and a.alias_info.is_write)
                    or a.name in undeclared)
-    return OpInfo(writes, torch.Tag.nondeterministic_seeded in func.tags)
+    names = [a.name for a in schema.arguments]
+    side = (names.index(SIDE_EFFECT_FLAG)
+            if undeclared and SIDE_EFFECT_FLAG in names
+            and all(name in undeclared for _, name in writes) else None)
+    return OpInfo(writes, torch.Tag.nondeterministic_seeded in func.tags, side)

@@ -43,8 +43,8 @@ class OpCall:
     ``returned_kind``) until the session has wrapped it.
     """
 
-    __slots__ = ("cost", "func", "grad", "leaves", "outputs", "random", "result", "returned",
-                 "returned_kind", "rng", "spec")
+    __slots__ = ("cost", "func", "grad", "leaves", "outputs", "random", "rerun_leaves",
+                 "result", "returned", "returned_kind", "rng", "spec")
 
     def __init__(self, func: torch._ops.OpOverload, leaves: list[Any], spec: Spec,
                  random: bool = False) -> None:
@@ -59,6 +59,9 @@ class OpCall:
         self.returned: list[Any] | None = None
         self.returned_kind: type | None = None
         self.cost = 0.0  # measured on the first run (ns)
+        # the arguments of a recomputation, when they differ from the first run's (side
+        # effects dropped: see runtime.classify.UNDECLARED_WRITES)
+        self.rerun_leaves: list[Any] | None = None
 
     def __repr__(self) -> str:
         return str(self.func)
@@ -81,7 +84,7 @@ def _set_rng(rng: tuple) -> None:
         g.set_state(s)
 
 
-class _RestoredRng:
+class RestoredRng:
     """Run with the captured generator states, then put the current ones back."""
 
     def __init__(self, rng: tuple) -> None:
@@ -161,11 +164,12 @@ class TorchExecutor(Executor):
         for i, new in zip(mutated, path.versions, strict=True):
             if reused.get(new.storage) is None:
                 ins[i] = copy_of(ins[i])
-        leaves = [ins[x.index] if type(x) is Slot else x for x in call.leaves]
+        given = call.rerun_leaves if remat and call.rerun_leaves is not None else call.leaves
+        leaves = [ins[x.index] if type(x) is Slot else x for x in given]
         args, kwargs = unflatten(leaves, call.spec)
         with below_autograd(call.grad):
             if remat and call.rng is not None:
-                with _RestoredRng(call.rng):
+                with RestoredRng(call.rng):
                     out = call.func(*args, **kwargs)
             else:
                 t0 = perf_counter_ns()

@@ -8,12 +8,22 @@ by an in-place op keeps the id of the tensor it replaced (the format rebinds tha
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from membudget.core.records import Tensor
-from membudget.trace.format import CALL, GET, PHASE, PIN, PUT, RELEASE, Event, write_trace
+from membudget.trace.format import (
+    CALL,
+    GET,
+    PHASE,
+    PIN,
+    PUT,
+    RELEASE,
+    Event,
+    Trace,
+    write_trace,
+)
 
 _RAW_CALL = object()  # a call not yet turned into a trace event
 
@@ -24,6 +34,7 @@ class Recording:
 
     def __init__(self) -> None:
         self.events: list[Event] = []
+        self.ops: list[Any] = []  # the op of each call event, in order (an OpCall, live)
         self._tid: dict[int, int] = {}
         self._implicit: set[int] = set()  # old versions the format releases by itself
 
@@ -36,6 +47,7 @@ class Recording:
     def call(self, op: object, inputs: Sequence[Tensor], outputs: Sequence[Tensor],
              cost: float) -> None:
         self.events.append((_RAW_CALL, op, inputs, outputs, cost))
+        self.ops.append(op)
 
     def _call_event(self, op: object, inputs: Sequence[Tensor], outputs: Sequence[Tensor],
                     cost: float) -> Event:
@@ -53,6 +65,7 @@ class Recording:
         """An op that wrote ``inputs[i]`` for each i in ``mutated``, making ``versions``."""
         self.events.append((CALL, None, str(op), tuple(self.tid(t) for t in inputs), (), (), (),
                             cost, tuple(mutated)))
+        self.ops.append(op)
         for i, new in zip(mutated, versions, strict=True):
             old = inputs[i]
             self._tid[new.id] = self.tid(old)
@@ -73,7 +86,13 @@ class Recording:
     def phase(self, name: str) -> None:
         self.events.append((PHASE, None, name))
 
+    def trace(self, header: dict[str, Any]) -> Trace:
+        """The recording as an in-memory trace (its i-th call event ran ``ops[i]``)."""
+        return Trace(dict(header), list(self._events()))
+
     def write(self, path: str | Path, header: dict[str, Any]) -> Path:
-        write_trace(path, header, (self._call_event(*ev[1:]) if ev[0] is _RAW_CALL else ev
-                                   for ev in self.events))
+        write_trace(path, header, self._events())
         return Path(path)
+
+    def _events(self) -> Iterator[Event]:
+        return (self._call_event(*ev[1:]) if ev[0] is _RAW_CALL else ev for ev in self.events)

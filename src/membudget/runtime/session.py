@@ -133,6 +133,10 @@ class Session(ContextDecorator):
                 "budget_bytes": self.budget_bytes, **header}
         return self.recording.write(path, head)
 
+    def leaves(self) -> dict[int, torch.Tensor]:
+        """The plain tensors that entered as leaves, by their engine (and trace) id."""
+        return {h.id: x for x, h in self._leaves.values() if h.producer is None}
+
     def adopt(self, tensors: Any) -> None:
         """Count these plain tensors toward the budget from now on, as pinned leaves: state
         the program holds for the whole step (parameters, buffers, optimizer state) that no
@@ -261,7 +265,7 @@ class Session(ContextDecorator):
             call = OpCall(view, leaves, spec)
             (h,) = eng.apply(call, [base], None)
             call.returned = None
-            self.recording.call(view, [base], [h], call.cost)
+            self.recording.call(call, [base], [h], call.cost)
         self._leaves[key] = (x, h)
         return h
 
@@ -310,7 +314,7 @@ class Session(ContextDecorator):
         rec = self.recording
         if not info.writes:
             handles = eng.apply(call, inputs, None)
-            rec.call(func, inputs, handles, call.cost)
+            rec.call(call, inputs, handles, call.cost)
             return self._returned(call, handles)
         written = {id(o) for w in info.written(args, kwargs)
                    for o in (w if isinstance(w, (list, tuple)) else (w,))
@@ -326,7 +330,7 @@ class Session(ContextDecorator):
                 and _returns_only_written(func)):
             # a write the engine can version: the written wrappers move to the new versions
             versions = eng.apply(call, inputs, [], [], 0.0, mutated)
-            rec.mutation(func, inputs, mutated, versions, call.cost)
+            rec.mutation(call, inputs, mutated, versions, call.cost)
             for i, h in zip(mutated, versions, strict=True):
                 # the wrapper moves to the new version and the old one is released at once,
                 # before anything queued meanwhile (as the trace format's rebinding does)
@@ -337,15 +341,21 @@ class Session(ContextDecorator):
             return _written_result(func, [objects[i] for i in mutated])
         # a write the engine cannot version: what it overwrites no longer matches its history,
         # nor could what was computed from the old value be recomputed after it (both are
-        # pinned first), and the op itself is never recomputed (it would write again)
+        # pinned first), and the op itself is never recomputed (it would write again), unless
+        # its writes are side effects that a recomputation can leave out
         for i in mutated:
             rec.pin(inputs[i], overwrite=True)
             eng.pin(inputs[i], overwrite=True)
+        side_effects = info.side_effects_only(args, kwargs)
+        if side_effects:
+            call.rerun_leaves = [None if type(x) is Slot and x.index in mutated else x
+                                 for x in leaves]
         handles = eng.apply(call, inputs, None)
-        rec.call(func, inputs, handles, call.cost)
-        for h in handles:
-            rec.pin(h)
-            eng.pin(h)
+        rec.call(call, inputs, handles, call.cost)
+        if not side_effects:
+            for h in handles:
+                rec.pin(h)
+                eng.pin(h)
         return self._returned(call, handles)
 
     def _returned(self, call: OpCall, handles: list[Tensor]) -> Any:

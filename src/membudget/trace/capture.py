@@ -24,12 +24,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves
 
 from membudget import models
-from membudget.errors import MembudgetError
+from membudget.errors import MembudgetError, UnknownNameError
 from membudget.runtime.session import Session
 from membudget.units import format_bytes
 
 UNLIMITED = 2**62
-CAPTURE_VERSION = 1  # bump when what a capture records changes, to invalidate the cache
+CAPTURE_VERSION = 2  # bump when what a capture records changes, to invalidate the cache
 FAKE_SPEC = "a100-80gb"  # the default cost model of a fake capture
 Progress = Callable[[str, Session | None], None]
 
@@ -57,11 +57,16 @@ class LiveStepTooLarge(MembudgetError, MemoryError):
 def capture_step(name: str, batch: int | None = None, *, fake: bool = False,
                  spec: str | None = None, path: str | Path | None = None,
                  device: str | torch.device | None = None, check_fits: bool = True,
-                 progress: Progress | None = None) -> Capture:
+                 optimizer: str = "adamw", progress: Progress | None = None) -> Capture:
     """Record one training step of zoo model ``name`` at ``batch`` (its paper batch by
     default) and write it to ``path``. ``spec`` prices each op on a named device
     (``membudget.cost``); a fake capture defaults to ``a100-80gb``, a live one to measured
-    times. A live capture first checks, with a fake one, that the step fits the device."""
+    times. A live capture first checks, with a fake one, that the step fits the device.
+    ``optimizer``: ``adamw`` (fused: one update of all parameters, after every gradient) or
+    ``sgd`` (OLLA's benchmarks: plain SGD, one update per parameter, which a static plan
+    may run as soon as that gradient exists)."""
+    if optimizer not in OPTIMIZERS:
+        raise UnknownNameError("optimizer", optimizer, OPTIMIZERS)
     entry = models.get(name)
     batch = entry.batch if batch is None else batch
     if batch < 1:
@@ -69,7 +74,7 @@ def capture_step(name: str, batch: int | None = None, *, fake: bool = False,
     if fake and spec is None:
         spec = FAKE_SPEC
     if not fake and check_fits:
-        _check_fits(name, batch, device)
+        _check_fits(name, batch, device, optimizer)
     timer = None
     if spec is not None:
         from membudget.cost import CostModel, get_spec
@@ -83,11 +88,11 @@ def capture_step(name: str, batch: int | None = None, *, fake: bool = False,
         workload = entry.build(batch)
         model = workload.model.train()
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = _optimizer(params)
+        opt = OPTIMIZERS[optimizer](params)
         with Session(UNLIMITED, "dtr", cost=timer) as session:
             session.adopt(params)
             session.adopt(model.buffers())
-            session.adopt(tree_leaves([optimizer.state[p] for p in params]))
+            session.adopt(tree_leaves([opt.state[p] for p in params]))
             session.adopt(t for t in tree_leaves(workload.batch) if isinstance(t, torch.Tensor))
             tell("forward", session)
             session.phase("forward")
@@ -97,8 +102,8 @@ def capture_step(name: str, batch: int | None = None, *, fake: bool = False,
             loss.backward()
             tell("optimizer", session)
             session.phase("optimizer")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
             del loss
     result = Capture(name, batch, fake, spec, None, session.stats.ops, session.stats.peak_bytes,
                      sum(p.numel() for p in model.parameters()), time.perf_counter() - t0,
@@ -109,12 +114,13 @@ def capture_step(name: str, batch: int | None = None, *, fake: bool = False,
             path, model=name, batch=batch, fake=fake, device_spec=spec,
             cost_source=f"predicted:{spec}" if spec else "measured",
             source="membudget trace", params=result.param_count, torch=torch.__version__,
+            optimizer=optimizer,
             policy=None, allocator=None, budget_bytes=None,
             dtype=str(torch.get_default_dtype()).removeprefix("torch."))
     return result
 
 
-def _optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+def _adamw(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     """AdamW (fused: one update op over all parameters) with its state already made, as in
     every step after the first; zero gradients make the state without changing the model
     beyond AdamW's weight decay."""
@@ -124,6 +130,15 @@ def _optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return optimizer
+
+
+def _sgd(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """Plain SGD as OLLA's benchmarks ran it: no state, one update op per parameter."""
+    return torch.optim.SGD(params, lr=0.1, foreach=False)
+
+
+OPTIMIZERS: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
+    "adamw": _adamw, "sgd": _sgd}
 
 
 @contextlib.contextmanager
@@ -139,10 +154,11 @@ def _building(fake: bool, device: str | torch.device | None) -> Iterator[None]:
         yield
 
 
-def _check_fits(name: str, batch: int, device: str | torch.device | None) -> None:
+def _check_fits(name: str, batch: int, device: str | torch.device | None,
+                optimizer: str) -> None:
     """Refuse a live capture whose step (from a fake capture) exceeds the device's free
     memory, before anything is built."""
-    need = capture_step(name, batch, fake=True, spec=None).peak_bytes
+    need = capture_step(name, batch, fake=True, optimizer=optimizer).peak_bytes
     dev = torch.device(device) if device is not None else torch.device("cpu")
     free = _free_bytes(dev)
     if free is not None and need > free:
@@ -177,9 +193,9 @@ def cache_dir() -> Path:
 
 
 def cached_trace(name: str, batch: int | None = None, *, spec: str = FAKE_SPEC,
-                 progress: Progress | None = None) -> Path:
+                 optimizer: str = "adamw", progress: Progress | None = None) -> Path:
     """The fake-captured trace of zoo model ``name``, captured now unless a capture with the
-    same model, batch, spec and software versions is cached on disk."""
+    same model, batch, spec, optimizer and software versions is cached on disk."""
     import transformers
 
     from membudget import __version__
@@ -188,17 +204,18 @@ def cached_trace(name: str, batch: int | None = None, *, spec: str = FAKE_SPEC,
     batch = entry.batch if batch is None else batch
     key = hashlib.sha256(repr((__version__, torch.__version__, transformers.__version__,
                                CAPTURE_VERSION)).encode()).hexdigest()[:12]
-    path = cache_dir() / f"{name}-b{batch}-{spec}-{key}.jsonl.gz"
+    path = cache_dir() / f"{name}-b{batch}-{spec}-{optimizer}-{key}.jsonl.gz"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.gz")
-        capture_step(name, batch, fake=True, spec=spec, path=tmp, progress=progress)
+        capture_step(name, batch, fake=True, spec=spec, path=tmp, optimizer=optimizer,
+                     progress=progress)
         tmp.replace(path)  # atomic: concurrent sweeps never read half a trace
     return path
 
 
 def zoo_sources(items: list[str], batch: int | None = None, spec: str = FAKE_SPEC,
-                progress: Progress | None = None) -> list[str]:
+                progress: Progress | None = None, optimizer: str = "adamw") -> list[str]:
     """Trace sources with every zoo model name replaced by its cached fake capture; anything
     that exists as a file, or names a member of an archive, is kept as it is."""
     out = []
@@ -206,7 +223,8 @@ def zoo_sources(items: list[str], batch: int | None = None, spec: str = FAKE_SPE
         if Path(item).exists() or "::" in item:
             out.append(item)
         elif item in models.names():
-            out.append(str(cached_trace(item, batch, spec=spec, progress=progress)))
+            out.append(str(cached_trace(item, batch, spec=spec, optimizer=optimizer,
+                                        progress=progress)))
         else:
             raise MembudgetError(f"{item!r} is neither a trace file nor a zoo model; zoo "
                                  f"models: {', '.join(models.names())}")
