@@ -1,0 +1,1 @@
+"""Static memory planning: operator order (tensor lifetimes) and arena offsets (locations)."""
