@@ -85,7 +85,7 @@ def run_in_order(program: Program, order: Sequence[int]
     with torch.no_grad():
         for buffer, before in program.buffers:
             buffer.copy_(before)
-    calls, held_at_end = _nodes(program.trace)
+    nodes, held_at_end = _nodes(program.trace)
     values: dict[int, torch.Tensor] = dict(program.leaves)
     refs: dict[int, list[int]] = {}  # storage -> [values referring to it, bytes]
     live = 0
@@ -114,16 +114,16 @@ def run_in_order(program: Program, order: Sequence[int]
         hold(tid, v)
     last = {}
     for pos, v in enumerate(order):
-        ev = calls[v]
+        ev = nodes[v][0]
         for tid in ev[3] if ev[0] == CALL else (ev[2],):
             last[tid] = pos
     peak = live
     for pos, v in enumerate(order):
-        ev = calls[v]
+        ev, k = nodes[v]
         if ev[0] == GET:
             continue
         ins, outs = ev[3], ev[4]
-        call = program.ops[v]
+        call = program.ops[k]
         real = [values[t] for t in ins]
         args, kwargs = unflatten([real[x.index] if type(x) is Slot else x
                                   for x in call.leaves], call.spec)
@@ -144,14 +144,18 @@ def run_in_order(program: Program, order: Sequence[int]
     return values, peak
 
 
-def _nodes(trace: Trace) -> tuple[list[tuple], set[int]]:
-    """The plan graph's nodes as trace events (calls and gets, in trace order), and the ids
-    the program still holds at the end."""
+def _nodes(trace: Trace) -> tuple[list[tuple[tuple, int]], set[int]]:
+    """The plan graph's nodes as (trace event, index of the call among the trace's calls)
+    (calls and gets, in trace order: the graph's node ids), and the ids the program still
+    holds at the end."""
     nodes, held = [], set()
+    calls = 0
     for ev in trace.events:
-        if ev[0] in (CALL, GET):
-            nodes.append(ev)
+        if ev[0] == GET:
+            nodes.append((ev, -1))
         if ev[0] == CALL:
+            nodes.append((ev, calls))
+            calls += 1
             held.update(ev[4])
         elif ev[0] == PUT:
             held.add(ev[2])

@@ -14,6 +14,8 @@ room first) and keeps its result. What an op does to memory decides how it is re
   statistics, or a storage other live views share) runs as it is and its outputs are pinned,
   never recomputed; what it overwrites, and every value computed from the old contents, is
   materialized and pinned before it runs, since none of them could be recomputed after it.
+  Training-mode batch norm is the exception for its outputs: its statistics update is a side
+  effect no output depends on, so it is recomputed with the statistics left out.
 """
 
 from __future__ import annotations
