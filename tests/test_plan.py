@@ -38,8 +38,8 @@ def test_the_plan_validator_rejects_lifetimes_shorter_than_the_order_needs():
     for b in problem.buffers:  # no sharing at all: a valid, wasteful packing
         offsets[b.id], top = top, top + b.size
     validate_plan(graph, order, graph.recorded_peak(), problem, offsets, top)
-    short = Problem.of(replace(b, upper=b.lower + 1) if k == 5 else b
-                       for k, b in enumerate(problem.buffers))
+    short = Problem(tuple(replace(b, upper=b.lower + 1) if k == 5 else b
+                          for k, b in enumerate(problem.buffers)))
     with pytest.raises(PackingError, match="is live over steps"):
         validate_plan(graph, order, graph.recorded_peak(), short, offsets, top)
     with pytest.raises(PackingError, match="exceeds the capacity"):

@@ -23,7 +23,7 @@ def read_csv(path: str | Path) -> Problem:
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")
     except OSError as e:
         raise TraceError(path, None, f"cannot read: {e.strerror}") from None
     rows = csv.reader(text.splitlines())

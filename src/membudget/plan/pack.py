@@ -1,9 +1,11 @@
 """Offset packing: give every buffer an address in one arena, as low as the lifetimes allow.
 
-Three stages: a portfolio of greedy packers (TFLite/XLA best-fit orders, OLLA's pyramid
-pre-placement); then, within the time limit, CP-SAT (``NoOverlap2D``) in a thread beside a
-MiniMalloc-style canonical depth-first search; every result is checked by the independent
-validator. The max load (largest total size live at once) is the lower bound reported.
+First a portfolio of greedy packers (TFLite/XLA best-fit orders, OLLA's pyramid
+pre-placement); then, within the time limit, three exact strategies side by side: CP-SAT
+(``NoOverlap2D``, in a thread: it releases the GIL) and a MiniMalloc-style canonical DFS
+run two ways (restarts, discrepancy search). Each decides "does a packing fit under this
+height?"; minimising, they probe heights between the max-load bound and the incumbent.
+Every result is checked by the independent validator.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +29,12 @@ from membudget.plan.validate import validate
 
 Progress = Callable[[str], None]
 
-#: Above this many buffers the canonical search is skipped (its tables grow as n²).
-SEARCH_MAX_BUFFERS = 2000
+#: Above this many buffers the canonical search is skipped: its tables grow as n², a node
+#: costs O(n) and it recurses once per buffer placed.
+SEARCH_MAX_BUFFERS = 1000
+#: Above this many buffers CP-SAT is skipped too: its NoOverlap2D memory grows as n²
+#: (about 1.2 GB at 2,000 buffers), so larger problems get the greedy packing only.
+CP_SAT_MAX_BUFFERS = 2000
 
 
 @dataclass(frozen=True)
@@ -167,18 +174,18 @@ def _greedy_portfolio(inst: _Instance, deadline: float) -> tuple[np.ndarray, str
         ("pyramid pre-placement + best fit", lambda: _best_fit(inst, by_size,
                                                                 pinned=_pyramid(inst))),
     ]
-    best: tuple[np.ndarray, str] | None = None
-    for name, run in runs:
-        if best is not None and time.perf_counter() > deadline:
+    best, best_name = runs[0][1](), runs[0][0]
+    for name, run in runs[1:]:
+        if time.perf_counter() > deadline:
             break
         off = run()
-        if best is None or _height(inst, off) < _height(inst, best[0]):
-            best = (off, name)
-    assert best is not None
-    return best
+        if _height(inst, off) < _height(inst, best):
+            best, best_name = off, name
+    return best, best_name
 
 
 def _height(inst: _Instance, off: np.ndarray) -> int:
+    """Height (units, above the pre-placed floor) of unit offsets ``off``."""
     return int((off + inst.size).max()) if len(inst) else 0
 
 
@@ -204,6 +211,7 @@ class _CanonicalSearch:
     within capacity), dominance (no buffer at or above the lowest top any unplaced buffer
     could reach), "hatless" buffers (nothing left above them: no alternative needed),
     and splitting into independent time ranges once no unplaced buffer crosses a cut.
+    The tables are read-only, so several threads can search at once.
     """
 
     HEURISTICS = ("WAT", "TAW", "TWA")  # static ranks: Width, Area, section Total
@@ -242,26 +250,37 @@ class _CanonicalSearch:
         np.add.at(cuts, self.lo, 1)
         np.add.at(cuts, self.hi - 1, -1)
         self.cuts0 = np.cumsum(cuts)[: max(s - 1, 0)]
-        self.nodes = 0
 
-    def solve(self, capacity: int, stop: Callable[[], bool]) -> np.ndarray | None:
+    def restarts(self, capacity: int, stop: Callable[[], bool]) -> np.ndarray | None:
         """Offsets (units) of a packing within ``capacity``, or None if none exists.
 
-        Round robin over the static ranks with a node limit doubling each round, as in
-        MiniMalloc. Raises _Interrupted when ``stop()`` turns true (polled every 64 nodes).
+        MiniMalloc's round robin: each static rank in turn, with a node limit doubling
+        every round. Raises _Interrupted when ``stop()`` turns true (polled every 64 nodes).
         """
-        if self.n == 0:
-            return np.zeros(0, dtype=np.int64)
-        if int(self.total0.max()) > capacity:
+        if int(self.total0.max(initial=0)) > capacity:
             return None
         limit = self.n
         while True:
             limit *= 2
             for heuristic in self.HEURISTICS:
                 try:
-                    return self._run(capacity, heuristic, limit, stop)
+                    return self._run(capacity, heuristic, stop, node_limit=limit)[0]
                 except _NodeLimit:
                     continue
+
+    def discrepancies(self, capacity: int, stop: Callable[[], bool]) -> np.ndarray | None:
+        """Like ``restarts`` but by depth-first discrepancy search on the TWA rank: taking
+        a node's k-th viable child costs k, and the budget grows 0, 1, 2, ... until a
+        packing turns up or a run cuts nothing (which proves there is none). It finds
+        packings whose few wrong turns are near the root, where plain DFS thrashes."""
+        if int(self.total0.max(initial=0)) > capacity:
+            return None
+        budget = 0
+        while True:
+            offsets, cut = self._run(capacity, "TWA", stop, discrepancies=budget)
+            if offsets is not None or not cut:
+                return offsets
+            budget += 1
 
     def _rank(self, bufs: np.ndarray, total: np.ndarray, heuristic: str,
               rank: np.ndarray) -> np.ndarray:
@@ -273,25 +292,31 @@ class _CanonicalSearch:
         out[bufs[order]] = np.arange(len(bufs))
         return out
 
-    def _run(self, capacity: int, heuristic: str, node_limit: int,
-             stop: Callable[[], bool]) -> np.ndarray | None:
+    def _run(self, capacity: int, heuristic: str, stop: Callable[[], bool],
+             node_limit: int | None = None,
+             discrepancies: int | None = None) -> tuple[np.ndarray | None, bool]:
+        """One DFS; returns (offsets or None, whether the discrepancy budget cut a branch).
+        Raises _NodeLimit past ``node_limit`` nodes."""
         n, size, lo, hi = self.n, self.size, self.lo, self.hi
-        members, indptr, neighbours, block = self.members, self.indptr, self.neighbours, \
-            self.block
+        members, indptr, neighbours, block = (self.members, self.indptr, self.neighbours,
+                                              self.block)
         lo_l, hi_l, size_l = lo.tolist(), hi.tolist(), size.tolist()
         big = np.int64(1 << 62)
+        no_cut = np.zeros(0, dtype=np.int64)
         offsets = np.full(n, -1, dtype=np.int64)
-        budget = [node_limit]
+        nodes = [0]
+        cut = [False]
+        spare0 = n * n if discrepancies is None else discrepancies  # n² never binds
 
         def search(pa: int, pb: int, bufs: np.ndarray, rank: np.ndarray,
                    min_off: np.ndarray, free: np.ndarray, top: np.ndarray,
-                   total: np.ndarray, cuts: np.ndarray, last: tuple[int, int]) -> bool:
+                   total: np.ndarray, cuts: np.ndarray, last: tuple[int, int],
+                   spare: int) -> bool:
             """Place the unplaced ``bufs`` of sections [pa, pb); True once all fit."""
-            budget[0] -= 1
-            self.nodes += 1
-            if budget[0] < 0:
+            nodes[0] += 1
+            if node_limit is not None and nodes[0] > node_limit:
                 raise _NodeLimit
-            if self.nodes % 64 == 0 and stop():
+            if nodes[0] % 64 == 0 and stop():
                 raise _Interrupted
             todo = bufs[free[bufs]]
             if len(todo) == 0:
@@ -301,6 +326,7 @@ class _CanonicalSearch:
             tp = total[pa:pb]
             before = np.maximum.accumulate(tp)
             after = np.maximum.accumulate(tp[::-1])[::-1]
+            viable = 0
             for k in np.lexsort((rank[todo], cand_off)).tolist():
                 j = int(todo[k])
                 off = int(cand_off[k])
@@ -333,19 +359,27 @@ class _CanonicalSearch:
                 floor = np.maximum(np.maximum(lowest, top2[a:b]), off)
                 if (floor + t2[a:b] > capacity).any():
                     continue
+                if viable > spare:
+                    cut[0] = True
+                    return False
+                left = spare - viable
+                viable += 1
                 offsets[j] = off
-                c2 = cuts
-                zero = np.zeros(0, dtype=np.int64)
+                c2, zero = cuts, no_cut
                 if hj - lj > 1:
                     c2 = cuts.copy()
                     c2[lj:hj - 1] -= 1
                     zero = np.flatnonzero(c2[lj:hj - 1] == 0) + lj + 1
-                if len(zero):
-                    ok = all(search(x, y, part, self._rank(part, t2, heuristic, rank),
-                                    m2, f2, top2, t2, c2, (0, -1))
-                             for x, y, part in self._split(pa, pb, zero, bufs[f2[bufs]]))
+                if len(zero):  # independent parts: each must be packed, in any order
+                    ok = True
+                    for x, y, part in self._split(pa, pb, zero, bufs[f2[bufs]]):
+                        ok = search(x, y, part, self._rank(part, t2, heuristic, rank), m2, f2,
+                                    top2, t2, c2, (0, -1), left)
+                        if not ok:
+                            break
                 else:
-                    ok = search(pa, pb, bufs, rank, m2, f2, top2, t2, c2, (off, int(rank[j])))
+                    ok = search(pa, pb, bufs, rank, m2, f2, top2, t2, c2,
+                                (off, int(rank[j])), left)
                 if ok:
                     return True
                 if len(nb) == 0:
@@ -353,17 +387,18 @@ class _CanonicalSearch:
             return False
 
         free0 = np.ones(n, dtype=bool)
-        zero0 = np.flatnonzero(self.cuts0 == 0) + 1
         rank0 = np.zeros(n, dtype=np.int64)
-        for x, y, part in self._split(0, self.sections, zero0, np.arange(n)):
+        for x, y, part in self._split(0, self.sections, np.flatnonzero(self.cuts0 == 0) + 1,
+                                      np.arange(n)):
             if not search(x, y, part, self._rank(part, self.total0, heuristic, rank0),
                           np.zeros(n, dtype=np.int64), free0,
                           np.zeros(self.sections, dtype=np.int64), self.total0.copy(),
-                          self.cuts0.copy(), (0, -1)):
-                return None
-        return offsets
+                          self.cuts0.copy(), (0, -1), spare0):
+                return None, cut[0]
+        return offsets, cut[0]
 
-    def _split(self, pa: int, pb: int, cuts_at: np.ndarray, bufs: np.ndarray):
+    def _split(self, pa: int, pb: int, cuts_at: np.ndarray,
+               bufs: np.ndarray) -> Iterator[tuple[int, int, np.ndarray]]:
         """The non-empty independent parts (section range, buffers) of [pa, pb) cut at
         ``cuts_at``."""
         bounds = [pa, *cuts_at.tolist(), pb]
@@ -374,7 +409,7 @@ class _CanonicalSearch:
 
 
 # ---------------------------------------------------------------------------------------
-# The two exact solvers run side by side and share the incumbent
+# The exact solvers run side by side and share the incumbent
 
 
 class _Shared:
@@ -422,76 +457,86 @@ class _Shared:
             self.progress(message)
 
 
-class _Callback(cp_model.CpSolverSolutionCallback):
-    """Hands each CP-SAT solution to the shared incumbent; stops once it is not needed."""
+class _CpSat:
+    """CP-SAT as a decision procedure on the compressed instance: ``NoOverlap2D`` of the
+    fixed lifetime intervals and the offset intervals, with every offset interval inside
+    [0, goal). No hint: the incumbent lies above the goal, and such a hint misleads."""
 
-    def __init__(self, ys: list[cp_model.IntVar], shared: _Shared) -> None:
-        super().__init__()
-        self.ys = ys
-        self.shared = shared
+    def __init__(self, inst: _Instance, workers: int) -> None:
+        self.inst = inst
+        self.solver = cp_model.CpSolver()
+        self.solver.parameters.num_workers = workers
+        self.watch: Callable[[], bool] | None = None
 
-    def on_solution_callback(self) -> None:
-        self.shared.offer(np.array([self.value(y) for y in self.ys], dtype=np.int64), "cp-sat")
-        if self.shared.done.is_set():
-            self.stop_search()
+    def __call__(self, goal: int, stop: Callable[[], bool]) -> np.ndarray | None:
+        """Offsets (units) of a packing under ``goal``, or None if none exists; raises
+        _Interrupted once ``poll`` sees ``stop()`` turn true."""
+        inst = self.inst
+        if int(inst.size.max()) > goal:
+            return None
+        model = cp_model.CpModel()
+        ys, xs, yi = [], [], []
+        for i, (lo, hi, s) in enumerate(zip(inst.lo.tolist(), inst.hi.tolist(),
+                                             inst.size.tolist(), strict=True)):
+            y = model.new_int_var(0, goal - s, f"y{i}")
+            ys.append(y)
+            xs.append(model.new_fixed_size_interval_var(lo, hi - lo, f"t{i}"))
+            yi.append(model.new_fixed_size_interval_var(y, s, f"a{i}"))
+        model.add_no_overlap_2d(xs, yi)
+        self.watch = stop
+        try:
+            status = self.solver.solve(model)
+        finally:
+            self.watch = None
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return np.array([self.solver.value(y) for y in ys], dtype=np.int64)
+        if status == cp_model.INFEASIBLE:
+            return None
+        raise _Interrupted
+
+    def poll(self) -> None:
+        """Stop the running solve if its ``stop()`` is true (CP-SAT cannot poll itself)."""
+        watch = self.watch
+        if watch is not None and watch():
+            self.solver.stop_search()
 
 
-def _cp_sat(inst: _Instance, shared: _Shared, solver: cp_model.CpSolver) -> None:
-    """CP-SAT on the compressed instance: ``NoOverlap2D`` of fixed lifetime intervals and
-    offset intervals. Minimise the height from the incumbent as hint, or with a target
-    capacity look for a packing within it (unhinted: a hint above the capacity misleads)."""
-    model = cp_model.CpModel()
-    limit = shared.target if shared.target is not None else shared.height
-    ys, xs, yi = [], [], []
-    for i, (lo, hi, s) in enumerate(zip(inst.lo.tolist(), inst.hi.tolist(),
-                                         inst.size.tolist(), strict=True)):
-        y = model.new_int_var(0, limit - s, f"y{i}")
-        ys.append(y)
-        xs.append(model.new_fixed_size_interval_var(lo, hi - lo, f"t{i}"))
-        yi.append(model.new_fixed_size_interval_var(y, s, f"a{i}"))
-        if shared.target is None:
-            model.add_hint(y, int(shared.offsets[i]))
-    model.add_no_overlap_2d(xs, yi)
-    if shared.target is None:
-        height = model.new_int_var(shared.lower, limit, "height")
-        for y, s in zip(ys, inst.size.tolist(), strict=True):
-            model.add(height >= y + s)
-        model.minimize(height)
-        solver.best_bound_callback = lambda bound: shared.raise_lower(math.ceil(bound - 1e-6))
-    status = solver.solve(model, _Callback(ys, shared))
-    if status == cp_model.OPTIMAL and shared.target is None:
-        shared.raise_lower(int(solver.objective_value))
-    elif status == cp_model.INFEASIBLE and shared.target is not None:
-        shared.prove_infeasible()
-
-
-def _search(inst: _Instance, shared: _Shared, deadline: float) -> None:
-    """The canonical DFS: at the target capacity, or (minimising) at the lower bound, then
-    bisecting between the proven bound and the incumbent."""
-    search = _CanonicalSearch(inst)
-    first = True
+def _search(name: str, strategy: Callable[[int, Callable[[], bool]], np.ndarray | None],
+            shared: _Shared, deadline: float, first_slice: float) -> None:
+    """Run one exact strategy at the target capacity, or, minimising, on goal heights: the
+    lower bound first (for ``first_slice`` seconds), then bisection between the bounds.
+    Packings are far easier to find than to rule out, so each goal gets a time slice; a
+    goal that times out counts as too low until no goal is left between the bounds, when
+    the slices double and the sweep starts again from the lower bound."""
+    soft_lower, slice_, first = 0, first_slice / 2, True
     while not shared.done.is_set():
-        with shared.lock:
-            if shared.target is not None:
-                goal = shared.target
-            elif first:
-                goal = shared.lower
-            else:
-                goal = (shared.lower + shared.height - 1) // 2
-        first = False
+        until = deadline
+        if shared.target is not None:
+            goal = shared.target
+        else:
+            with shared.lock:
+                low, high = max(soft_lower, shared.lower), shared.height - 1
+                if first or low > high:
+                    soft_lower, slice_, low = 0, 2 * slice_, shared.lower
+                goal = low if first or low == shared.lower else (low + high) // 2
+            first = False
+            until = min(deadline, time.perf_counter() + slice_)
 
-        def stop(goal: int = goal) -> bool:
-            return (shared.done.is_set() or time.perf_counter() > deadline
-                    or (shared.target is None and shared.height <= goal))
+        def stop(goal: int = goal, until: float = until) -> bool:
+            return (shared.done.is_set() or time.perf_counter() > until
+                    or (shared.target is None
+                        and not shared.lower <= goal < shared.height))
 
         try:
-            off = search.solve(goal, stop)
+            off = strategy(goal, stop)
         except _Interrupted:
             if shared.done.is_set() or time.perf_counter() > deadline:
                 return
+            if time.perf_counter() > until:
+                soft_lower = goal + 1
             continue
         if off is not None:
-            shared.offer(off, "canonical search")
+            shared.offer(off, name)
         elif shared.target is not None:
             shared.prove_infeasible()
         else:
@@ -501,73 +546,117 @@ def _search(inst: _Instance, shared: _Shared, deadline: float) -> None:
 def pack(problem: Problem, capacity: int | None = None, time_limit: float = 10.0,
          progress: Progress | None = None) -> PackResult:
     """Give every buffer an offset: minimise the arena height, or with a ``capacity`` (bytes)
-    find a packing within it. Always returns the best valid packing found in
-    ``time_limit`` seconds (at least a greedy one), checked by the independent validator."""
+    find a packing within it (once that is proven impossible, minimise with the time left).
+    Returns the best valid packing found in ``time_limit`` seconds (at least a greedy one),
+    checked by the independent validator."""
     start = time.perf_counter()
     deadline = start + time_limit
     say = progress or (lambda _message: None)
     lower_bytes = problem.max_load()
     inst = _Instance(problem)
     off, method = _greedy_portfolio(inst, deadline)
-    greedy_height = (_height(inst, off) + inst.floor) * inst.gcd if len(inst) else inst.floor
+    greedy_height = (_height(inst, off) + inst.floor) * inst.gcd
     say(f"{method}: height {greedy_height:,} B (max load {lower_bytes:,} B)")
-    target = None if capacity is None else capacity // inst.gcd - inst.floor
-    shared = _Shared(inst, off, method, inst.max_load(), target, progress)
-    if target is not None and lower_bytes > capacity:
-        shared.prove_infeasible()
-    shared.raise_lower(shared.lower)  # done already when the greedy packing is good enough
-    if len(inst) and not shared.done.is_set() and time.perf_counter() < deadline:
-        _exact(inst, shared, deadline, say)
-    return _result(problem, inst, shared, capacity, lower_bytes, greedy_height,
+    lower = inst.max_load()
+    infeasible = False
+    if capacity is not None:
+        target = capacity // inst.gcd - inst.floor
+        shared = _Shared(inst, off, method, lower, target, progress)
+        if lower > target:
+            shared.prove_infeasible()
+        _solve(inst, shared, deadline, say)
+        infeasible = shared.infeasible
+        off, method = shared.offsets, shared.method
+        if infeasible:
+            lower = max(lower, target + 1)
+    shared = _Shared(inst, off, method, lower, None, progress)
+    if capacity is None or infeasible:
+        _solve(inst, shared, deadline, say)
+    return _result(problem, inst, shared, capacity, infeasible, lower_bytes, greedy_height,
                    time.perf_counter() - start, time_limit)
 
 
+def _solve(inst: _Instance, shared: _Shared, deadline: float, say: Progress) -> None:
+    """Run the exact solvers unless the incumbent already settles the question."""
+    shared.raise_lower(shared.lower)  # sets done when the incumbent is good enough
+    if (0 < len(inst) <= CP_SAT_MAX_BUFFERS and not shared.done.is_set()
+            and time.perf_counter() < deadline):
+        _exact(inst, shared, deadline, say)
+
+
 def _exact(inst: _Instance, shared: _Shared, deadline: float, say: Progress) -> None:
-    """Run CP-SAT in a thread (it releases the GIL) beside the canonical search, until one
-    settles the question or the deadline passes."""
+    """CP-SAT (which releases the GIL) beside two canonical searches (restarts and
+    discrepancy search, sharing the other core), until one settles the question or the
+    deadline passes; each solver thread stops soon after the shared ``done`` is set."""
     use_search = len(inst) <= SEARCH_MAX_BUFFERS
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(deadline - time.perf_counter(), 0.01)
-    solver.parameters.num_workers = max(1, (os.cpu_count() or 2) - int(use_search))
-    say(f"exact search: CP-SAT ({solver.parameters.num_workers} workers)"
-        + (" and canonical DFS" if use_search else ""))
-    thread = threading.Thread(target=_cp_sat, args=(inst, shared, solver), daemon=True)
-    thread.start()
+    cp_sat = _CpSat(inst, workers=max(1, (os.cpu_count() or 2) - int(use_search)))
+    cp_sat.solver.parameters.max_time_in_seconds = max(deadline - time.perf_counter(), 0.01)
+    say(f"exact search: CP-SAT ({cp_sat.solver.parameters.num_workers} worker(s))"
+        + (" and canonical search" if use_search else ""))
+    errors: list[BaseException] = []
+
+    def run(name: str, strategy: Callable[[int, Callable[[], bool]], np.ndarray | None],
+            first_slice: float) -> threading.Thread:
+        def target() -> None:
+            try:
+                _search(name, strategy, shared, deadline, first_slice)
+            except BaseException as e:  # re-raised in the calling thread below
+                errors.append(e)
+                shared.done.set()
+        return threading.Thread(target=target, daemon=True)
+
+    # Minimising, CP-SAT first spends a quarter of the time on a packing at the bound.
+    threads = [run("cp-sat", cp_sat, max(1.0, (deadline - time.perf_counter()) / 4))]
     if use_search:
-        _search(inst, shared, deadline)
-    while thread.is_alive():
-        if shared.done.is_set() or time.perf_counter() > deadline:
-            solver.stop_search()
-        thread.join(0.05)
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), 3 * len(inst) + 1000))
+        search = _CanonicalSearch(inst)
+        threads += [run("canonical search, restarts", search.restarts, 1.0),
+                    run("canonical search, discrepancies", search.discrepancies, 1.0)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                cp_sat.poll()
+                if shared.done.is_set() or time.perf_counter() > deadline:
+                    cp_sat.solver.stop_search()
+                thread.join(0.05)
+    finally:
+        shared.done.set()
+        cp_sat.solver.stop_search()
+    if errors:
+        raise errors[0]
 
 
 def _result(problem: Problem, inst: _Instance, shared: _Shared, capacity: int | None,
-            lower: int, greedy_height: int, seconds: float, time_limit: float) -> PackResult:
+            infeasible: bool, lower: int, greedy_height: int, seconds: float,
+            time_limit: float) -> PackResult:
     """Check the packing independently and describe what is known about it."""
     offsets = inst.offsets(shared.offsets)
     height = validate(problem, offsets)
-    optimal = height <= lower or (shared.target is None
-                                  and shared.height <= shared.lower)
+    optimal = height <= lower or shared.height <= shared.lower
     fits = capacity is None or height <= capacity
-    if optimal:
-        what = f"height {height:,} B is optimal (max load {lower:,} B"
-        what += ")" if height == lower else f"; proven by {shared.method})"
+    if optimal and height == lower:
+        what = f"height {height:,} B is optimal (= max load)"
+    elif optimal:
+        what = f"height {height:,} B is optimal (exhaustive search; max load {lower:,} B)"
     else:
         what = f"height {height:,} B, max load {lower:,} B: not proven optimal"
     if capacity is not None:
         if fits:
             what = f"fits capacity {capacity:,} B; {what}"
-        elif shared.infeasible:
+        elif infeasible:
             why = "max load exceeds it" if lower > capacity else "exhaustive search"
             what = f"proven: nothing fits capacity {capacity:,} B ({why}); best {what}"
         else:
             what = (f"no packing within capacity {capacity:,} B found in {time_limit:g} s "
                     f"(not proven impossible); best {what}")
-    elif not optimal:
-        what += f" (time limit {time_limit:g} s reached)"
+    if not optimal and (capacity is None or infeasible):
+        what += (f" (time limit {time_limit:g} s reached)" if len(inst) <= CP_SAT_MAX_BUFFERS
+                 else f" (greedy only above {CP_SAT_MAX_BUFFERS:,} buffers)")
     return PackResult(offsets=offsets, height=height, lower_bound=lower,
                       greedy_height=greedy_height, proven_optimal=optimal,
-                      proven_infeasible=shared.infeasible, method=shared.method,
+                      proven_infeasible=infeasible, method=shared.method,
                       seconds=seconds, message=what, capacity=capacity)
 
 

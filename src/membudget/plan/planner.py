@@ -80,7 +80,7 @@ def location_problem(graph: Graph, order: list[int]) -> Problem:
             lower = pos[t.src]
             upper = n if t.to_end else max((pos[s] for s in t.sinks), default=lower) + 1
         buffers.append(Buffer(f"{k}:{t.name}", lower, upper, t.size))
-    return Problem.of(buffers)
+    return Problem(tuple(buffers))
 
 
 def plan_trace(trace: Trace, time_limit: float = 30.0, solver: str | None = None,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from membudget.errors import MembudgetError
@@ -25,10 +25,6 @@ class Buffer:
     size: int
     offset: int | None = None
 
-    def overlaps_in_time(self, other: Buffer) -> bool:
-        """Whether the two lifetimes share a time step (half-open intervals)."""
-        return self.lower < other.upper and other.lower < self.upper
-
 
 @dataclass(frozen=True)
 class Problem:
@@ -47,11 +43,6 @@ class Problem:
             if b.lower >= b.upper:
                 raise PlanError(f"buffer {b.id!r} has an empty lifetime "
                                 f"[{b.lower}, {b.upper})")
-
-    @classmethod
-    def of(cls, buffers: Iterable[Buffer]) -> Problem:
-        """Build a problem from any iterable of buffers."""
-        return cls(tuple(buffers))
 
     def __len__(self) -> int:
         return len(self.buffers)
