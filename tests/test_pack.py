@@ -10,10 +10,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from membudget.errors import MembudgetError, TraceError
+from membudget.errors import MembudgetError, TraceError, UnknownNameError
 from membudget.plan.minimalloc_csv import read_csv, write_csv
 from membudget.plan.pack import (
     CP_SAT_MAX_BUFFERS,
+    SOLVERS,
     _CanonicalSearch,
     _CpSat,
     _Instance,
@@ -29,6 +30,7 @@ MIB = 1048576
 
 
 def problem(*rows: tuple[str, int, int, int]) -> Problem:
+    """A problem from (id, lower, upper, size) rows."""
     return Problem(tuple(Buffer(*row) for row in rows))
 
 
@@ -145,6 +147,16 @@ def test_csv_errors_name_the_file_and_line(tmp_path: Path, text: str, line: int,
     assert words in str(e.value)
 
 
+@pytest.mark.parametrize(("rows", "words"), [
+    ([("a", 0, 4, 8), ("a", 1, 4, 8)], "duplicate buffer id 'a'"),
+    ([("a", 0, 4, -1)], "negative size"),
+    ([("a", 4, 4, 8)], "empty lifetime"),
+])
+def test_problem_rejects_bad_buffers(rows: list[tuple[str, int, int, int]], words: str) -> None:
+    with pytest.raises(PlanError, match=words):
+        problem(*rows)
+
+
 def test_csv_missing_file(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="cannot read"):
         read_csv(tmp_path / "nope.csv")
@@ -222,6 +234,17 @@ def test_gap_instance_is_proven_infeasible_at_max_load() -> None:
     assert validate(GAP, r.offsets) == 10
     r = pack(GAP, time_limit=20)
     assert r.height == 10 and r.proven_optimal and r.lower_bound == 9
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_each_solver_alone_minimises_the_gap_instance(solver: str) -> None:
+    r = pack(GAP, time_limit=20, solvers=[solver])
+    assert r.height == 10 and r.proven_optimal and validate(GAP, r.offsets) == 10
+
+
+def test_unknown_solver_is_named() -> None:
+    with pytest.raises(UnknownNameError, match="unknown solver 'gurobi'"):
+        pack(GAP, solvers=["gurobi"])
 
 
 @settings(max_examples=60)

@@ -16,19 +16,23 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from ortools.sat.python import cp_model
 
+from membudget.errors import UnknownNameError
 from membudget.plan.minimalloc_csv import read_csv, write_csv
 from membudget.plan.problem import Problem
 from membudget.plan.validate import validate
 
 Progress = Callable[[str], None]
 
+#: The exact strategies run side by side after the greedy portfolio: CP-SAT and the
+#: canonical search by restarts and by discrepancies.
+SOLVERS = ("cp-sat", "restarts", "discrepancies")
 #: Above this many buffers the canonical search is skipped: its tables grow as n², a node
 #: costs O(n) and it recurses once per buffer placed.
 SEARCH_MAX_BUFFERS = 1000
@@ -544,11 +548,14 @@ def _search(name: str, strategy: Callable[[int, Callable[[], bool]], np.ndarray 
 
 
 def pack(problem: Problem, capacity: int | None = None, time_limit: float = 10.0,
-         progress: Progress | None = None) -> PackResult:
+         progress: Progress | None = None, solvers: Sequence[str] = SOLVERS) -> PackResult:
     """Give every buffer an offset: minimise the arena height, or with a ``capacity`` (bytes)
     find a packing within it (once that is proven impossible, minimise with the time left).
     Returns the best valid packing found in ``time_limit`` seconds (at least a greedy one),
-    checked by the independent validator."""
+    checked by the independent validator. ``solvers`` picks among SOLVERS (ablations)."""
+    for name in solvers:
+        if name not in SOLVERS:
+            raise UnknownNameError("solver", name, SOLVERS)
     start = time.perf_counter()
     deadline = start + time_limit
     say = progress or (lambda _message: None)
@@ -564,35 +571,39 @@ def pack(problem: Problem, capacity: int | None = None, time_limit: float = 10.0
         shared = _Shared(inst, off, method, lower, target, progress)
         if lower > target:
             shared.prove_infeasible()
-        _solve(inst, shared, deadline, say)
+        _solve(inst, shared, deadline, say, solvers)
         infeasible = shared.infeasible
         off, method = shared.offsets, shared.method
         if infeasible:
             lower = max(lower, target + 1)
     shared = _Shared(inst, off, method, lower, None, progress)
     if capacity is None or infeasible:
-        _solve(inst, shared, deadline, say)
+        _solve(inst, shared, deadline, say, solvers)
     return _result(problem, inst, shared, capacity, infeasible, lower_bytes, greedy_height,
                    time.perf_counter() - start, time_limit)
 
 
-def _solve(inst: _Instance, shared: _Shared, deadline: float, say: Progress) -> None:
+def _solve(inst: _Instance, shared: _Shared, deadline: float, say: Progress,
+           solvers: Sequence[str]) -> None:
     """Run the exact solvers unless the incumbent already settles the question."""
     shared.raise_lower(shared.lower)  # sets done when the incumbent is good enough
     if (0 < len(inst) <= CP_SAT_MAX_BUFFERS and not shared.done.is_set()
             and time.perf_counter() < deadline):
-        _exact(inst, shared, deadline, say)
+        _exact(inst, shared, deadline, say, solvers)
 
 
-def _exact(inst: _Instance, shared: _Shared, deadline: float, say: Progress) -> None:
-    """CP-SAT (which releases the GIL) beside two canonical searches (restarts and
-    discrepancy search, sharing the other core), until one settles the question or the
-    deadline passes; each solver thread stops soon after the shared ``done`` is set."""
-    use_search = len(inst) <= SEARCH_MAX_BUFFERS
-    cp_sat = _CpSat(inst, workers=max(1, (os.cpu_count() or 2) - int(use_search)))
+def _exact(inst: _Instance, shared: _Shared, deadline: float, say: Progress,
+           solvers: Sequence[str]) -> None:
+    """CP-SAT (which releases the GIL) beside the canonical searches (restarts and
+    discrepancy search, sharing one core), until one settles the question or the deadline
+    passes; each solver thread stops soon after the shared ``done`` is set."""
+    searches = ([name for name in SOLVERS[1:] if name in solvers]
+                if len(inst) <= SEARCH_MAX_BUFFERS else [])
+    cp_sat = _CpSat(inst, workers=max(1, (os.cpu_count() or 2) - (1 if searches else 0)))
     cp_sat.solver.parameters.max_time_in_seconds = max(deadline - time.perf_counter(), 0.01)
-    say(f"exact search: CP-SAT ({cp_sat.solver.parameters.num_workers} worker(s))"
-        + (" and canonical search" if use_search else ""))
+    say("exact search: " + ", ".join(
+        ([f"CP-SAT ({cp_sat.solver.parameters.num_workers} worker(s))"]
+         if "cp-sat" in solvers else []) + [f"canonical search by {name}" for name in searches]))
     errors: list[BaseException] = []
 
     def run(name: str, strategy: Callable[[int, Callable[[], bool]], np.ndarray | None],
@@ -605,13 +616,14 @@ def _exact(inst: _Instance, shared: _Shared, deadline: float, say: Progress) -> 
                 shared.done.set()
         return threading.Thread(target=target, daemon=True)
 
-    # Minimising, CP-SAT first spends a quarter of the time on a packing at the bound.
-    threads = [run("cp-sat", cp_sat, max(1.0, (deadline - time.perf_counter()) / 4))]
-    if use_search:
+    threads = []
+    if "cp-sat" in solvers:  # minimising, it first spends a quarter of the time at the bound
+        threads.append(run("cp-sat", cp_sat, max(1.0, (deadline - time.perf_counter()) / 4)))
+    if searches:
         sys.setrecursionlimit(max(sys.getrecursionlimit(), 3 * len(inst) + 1000))
         search = _CanonicalSearch(inst)
-        threads += [run("canonical search, restarts", search.restarts, 1.0),
-                    run("canonical search, discrepancies", search.discrepancies, 1.0)]
+        threads += [run(f"canonical search, {name}", getattr(search, name), 1.0)
+                    for name in searches]
     try:
         for thread in threads:
             thread.start()
