@@ -143,6 +143,7 @@ def pool_of(*specs):
         s.cost, s.last_access, s.free_adj, s.resident = cost, last, free_adj, True
         pool.add(s)
         out.append(s)
+    pool.sync()
     return pool, out
 
 

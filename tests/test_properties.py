@@ -168,8 +168,10 @@ def check_invariants(eng: Engine, tensors: list[Tensor]) -> None:
         assert s.ev_children == sum(c.evicted for c in s.children), s
         assert all(s in p.children for p in s.parents), s
         assert all(s in c.parents for c in s.children), s
+    eng.pool.sync()  # the arrays are lazily synced: every changed row must have been marked
     for i, s in enumerate(eng.pool.items):
         assert s.slot == i
+        assert eng.pool.seq[i] == s.seq
         assert eng.pool.nbytes[i] == s.nbytes
         assert eng.pool.cost[i] == s.cost
         assert eng.pool.last[i] == s.last_access

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from itertools import pairwise
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +12,7 @@ from hypothesis import strategies as st
 
 from membudget.core.allocators.block import Block
 from membudget.core.allocators.torch_caching import TorchCachingAllocator, allocation_size
+from membudget.core.pool import CandidatePool
 from membudget.core.records import Storage
 
 KiB = 1 << 10
@@ -246,16 +246,20 @@ def test_transfer_hands_the_block_over():
     assert rec.events[-2:] == [("free", old.id, 0, 3072), ("alloc", new.id, 0, 3072)]
 
 
-def test_free_adj_is_written_to_the_candidate_pool():
+def test_free_adj_reaches_the_candidate_pool():
     a, _ = make()
-    a.pool = SimpleNamespace(free_adj=[-1, -1])  # stands in for the CandidatePool
+    a.pool = CandidatePool()
     s = Storage(next(_ids), 512)
-    s.slot = 1
+    a.pool.add(Storage(next(_ids), 8))
+    a.pool.add(s)  # slot 1
     assert a.allocate(s)
-    assert a.pool.free_adj == [-1, 2 * MiB - 512]
+    a.pool.sync()
+    assert list(a.pool.free_adj[:2]) == [0, 2 * MiB - 512]
     t = alloc(a, 512)
+    a.pool.sync()
     assert a.pool.free_adj[1] == 0  # t took the bytes right after s
     release(a, t)
+    a.pool.sync()
     assert a.pool.free_adj[1] == 2 * MiB - 512
 
 

@@ -21,6 +21,7 @@ from membudget.core.stats import Stats
 from membudget.errors import EngineError, OutOfBudget, Thrashed
 
 INPLACE_MODES = ("cow", "remat")
+_NOTHING_REUSED: dict[Storage, Storage] = {}  # shared, never written: no block handed over
 
 
 class Engine:
@@ -135,35 +136,42 @@ class Engine:
         return path.outputs
 
     def _outputs(self, path: ComputePath, out_bytes: Sequence[int],
-                 out_alias: Sequence[int] | None) -> None:
-        """Create the output tensors of a new path (each with one program reference)."""
+                  out_alias: Sequence[int] | None) -> None:
+        """Create the output tensors of a new path (each with one program reference): one per
+        entry of ``out_bytes``, then the new version of each mutated input."""
         op, inputs = path.op, path.inputs
-        if out_alias is None:
-            out_alias = [-1] * len(out_bytes)
-        if len(out_alias) != len(out_bytes):
+        if out_alias is not None and len(out_alias) != len(out_bytes):
             raise EngineError(f"{op!r}: {len(out_bytes)} output sizes but "
                               f"{len(out_alias)} alias entries")
-        kind = self.output_kind
-        specs = [(nbytes, alias, kind, False) for nbytes, alias in zip(out_bytes, out_alias,
-                                                                         strict=True)]
-        for i in path.mutated:
-            old = inputs[i].storage
-            specs.append((old.nbytes, -1, old.kind, old.pinned))
-        outputs = path.outputs = []
-        for nbytes, alias, kind, pinned in specs:
+        kind, clock, ids = self.output_kind, self.clock, self._ids
+        outputs: list[Tensor] = []
+        for k, nbytes in enumerate(out_bytes):
+            alias = -1 if out_alias is None else out_alias[k]
             if alias >= 0:
                 s = inputs[alias].storage
-                t = Tensor(self._next_id(), s, path, alias=True)
+                t = Tensor(ids + 1, s, path, True)
+                ids += 1
             else:
-                s = Storage(self._next_id(), int(nbytes), kind)
-                s.pinned = pinned
-                s.last_access = self.clock
-                t = Tensor(self._next_id(), s, path, alias=False)
+                s = Storage(ids + 1, int(nbytes), kind)
+                s.last_access = clock
+                t = Tensor(ids + 2, s, path, False)
+                ids += 2
             s.tensors.append(t)
             outputs.append(t)
+        for i in path.mutated:  # a version has the size, kind and pinning of the old value
+            old = inputs[i].storage
+            s = Storage(ids + 1, old.nbytes, old.kind)
+            s.pinned = old.pinned
+            s.last_access = clock
+            t = Tensor(ids + 2, s, path, False)
+            ids += 2
+            s.tensors.append(t)
+            outputs.append(t)
+        self._ids = ids
         for t in outputs:  # referenced before it runs, so nothing frees them on unlock
             t.ext_refs += 1
             t.storage.ext_refs += 1
+        path.outputs = outputs
         self._link(path)
 
     def retain(self, t: Tensor) -> None:
@@ -197,28 +205,39 @@ class Engine:
         """Add the storage-level edges of a new path and charge its cost to its outputs
         (to the new versions of a writing op only once it has run: a live runtime learns
         that cost by running it, and a replay must place those versions the same way)."""
-        in_storages = dict.fromkeys(t.storage for t in path.inputs)
-        versions = [t.storage for t in path.versions]
-        for s in dict.fromkeys(t.storage for t in path.outputs):
-            if s not in versions:
-                s.cost += path.cost
+        outputs = path.outputs
+        n_new = len(outputs) - len(path.mutated)  # the versions come last
+        cost = path.cost
+        stale = self.pool.stale
+        in_storages: list[Storage] | None = None
+        done: list[Storage] = []
+        for k, t in enumerate(outputs):
+            s = t.storage
+            if s in done:  # another view of a storage already linked
+                continue
+            done.append(s)
+            if k < n_new:
+                s.cost += cost
             if s.slot >= 0:
-                self.pool.cost[s.slot] = s.cost
+                stale.append(s)
             if s.pinned:  # never recomputed: its history must not keep its inputs alive
                 continue
+            if in_storages is None:
+                in_storages = list(dict.fromkeys([t.storage for t in path.inputs]))
+            parents = s.parents
             for p in in_storages:
-                if p is s or p in s.parents:
+                if p is s or p in parents:
                     continue
-                s.parents[p] = None
+                parents[p] = None
                 p.children[s] = None
                 if p.evicted:
                     s.ev_parents += 1
                     if s.slot >= 0:
-                        self.pool.ev_parents[s.slot] = s.ev_parents
+                        stale.append(s)
                 if s.evicted:  # a view of an evicted base gains a parent
                     p.ev_children += 1
                     if p.slot >= 0:
-                        self.pool.ev_children[p.slot] = p.ev_children
+                        stale.append(p)
 
     # ------------------------------------------------------------------ running ops
     def _run(self, path: ComputePath, remat: bool) -> None:
@@ -228,7 +247,31 @@ class Engine:
         defined, so a later rematerialization cannot evict it; an undefined input pushes its
         producer as a new frame.
         """
-        self._stamp(path.inputs)
+        inputs = path.inputs
+        clock = self.clock
+        pool = self.pool
+        stale = pool.stale
+        ready = True
+        for t in inputs:  # stamp them (as _stamp does)
+            s = t.storage
+            s.last_access = clock
+            if s.slot >= 0:
+                stale.append(s)
+            if not t.defined:
+                ready = False
+        if ready:  # the common case: nothing to rematerialize; lock them (as _lock does)
+            for t in inputs:
+                s = t.storage
+                s.locks += 1
+                if s.slot >= 0:
+                    pool.remove(s)
+            try:
+                self._execute(path, remat)
+            finally:
+                unlock = self._unlock
+                for t in inputs:
+                    unlock(t.storage)
+            return
         stack: list[list] = [[path, 0, remat]]
         try:
             while stack:
@@ -277,7 +320,8 @@ class Engine:
         placed: list[Storage] = []
         duplicates: list[Storage] = []
         alloc = self.allocator
-        reused = self._inplace_sources(p) if p.mutated and not remat else {}
+        writes = p.mutated and not remat
+        reused = self._inplace_sources(p) if writes else _NOTHING_REUSED
         try:
             for t in p.outputs:
                 if t.alias:
@@ -288,22 +332,25 @@ class Engine:
                     self._allocate(dup, p.op)
                     duplicates.append(dup)
                     continue
-                old = reused.get(s)
+                old = reused.get(s) if reused else None
                 if old is None:
-                    self._allocate(s, p.op)
+                    if not alloc.allocate(s):
+                        self._make_room(s, p.op)
                 else:
                     alloc.transfer(old, s)
-                self._placed(s)
+                s.resident = True
+                if s.evicted:
+                    self._placed(s)
                 s.locks += 1
                 placed.append(s)
             p.reused = reused
             cost = self.executor.run(p, remat)
-            if p.mutated and not remat:
+            if writes:
                 for t in p.versions:
                     t.storage.cost += p.cost
-            p.reused = {}
-            for old in reused.values():  # its bytes now hold the new version
-                self._evict(old, freed=False)
+                p.reused = _NOTHING_REUSED
+                for old in reused.values():  # its bytes now hold the new version
+                    self._evict(old, freed=False)
         finally:
             for dup in duplicates:
                 alloc.free(dup)
@@ -322,12 +369,12 @@ class Engine:
             st.ops += 1
             st.base_cost += cost
             clock = self.clock
-            last = self.pool.last
+            stale = self.pool.stale
             for t in p.outputs:
                 s = t.storage
                 s.last_access = clock
                 if s.slot >= 0:
-                    last[s.slot] = clock
+                    stale.append(s)
 
     def _inplace_sources(self, p: ComputePath) -> dict[Storage, Storage]:
         """New version -> old value, for the writes of ``p`` whose new version may take the
@@ -353,9 +400,12 @@ class Engine:
     # ------------------------------------------------------------------ memory
     def _allocate(self, s: Storage, op: object) -> None:
         """Place ``s``, evicting storages chosen by the policy until it fits."""
+        if not self.allocator.allocate(s):
+            self._make_room(s, op)
+
+    def _make_room(self, s: Storage, op: object) -> None:
+        """``s`` did not fit: evict storages chosen by the policy until it does."""
         alloc = self.allocator
-        if alloc.allocate(s):
-            return
         pool = self.pool
         victims = self.policy.victims
         searched = 0
@@ -369,6 +419,7 @@ class Engine:
                                   unevictable_bytes=alloc.used, budget_bytes=alloc.capacity,
                                   largest_free_bytes=alloc.largest_free_block())
             t0 = perf_counter_ns()
+            pool.sync()
             chosen = victims(pool, self.clock, s)
             searched += perf_counter_ns() - t0
             for victim in chosen:
@@ -404,15 +455,15 @@ class Engine:
 
     def _count_evicted(self, s: Storage, delta: int) -> None:
         """``s`` joined (+1) or left (-1) the evicted set: update its neighbours' counts."""
-        pool = self.pool
+        stale = self.pool.stale
         for p in s.parents:
             p.ev_children += delta
             if p.slot >= 0:
-                pool.ev_children[p.slot] = p.ev_children
+                stale.append(p)
         for c in s.children:
             c.ev_parents += delta
             if c.slot >= 0:
-                pool.ev_parents[c.slot] = c.ev_parents
+                stale.append(c)
 
     def _unreferenced(self, s: Storage) -> None:
         """The program holds no reference into ``s`` and no op is using it."""
@@ -492,16 +543,16 @@ class Engine:
     def _touch(self, s: Storage) -> None:
         s.last_access = self.clock
         if s.slot >= 0:
-            self.pool.last[s.slot] = self.clock
+            self.pool.stale.append(s)
 
     def _stamp(self, inputs: Sequence[Tensor]) -> None:
         clock = self.clock
-        last = self.pool.last
+        stale = self.pool.stale
         for t in inputs:
             s = t.storage
             s.last_access = clock
             if s.slot >= 0:
-                last[s.slot] = clock
+                stale.append(s)
 
     # ------------------------------------------------------------------ inspection
     def evict(self, t: Tensor) -> bool:

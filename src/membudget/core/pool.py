@@ -1,8 +1,11 @@
 """The eviction candidates, kept in numpy arrays so that policies score them all at once.
 
 A storage is a candidate while it is resident, unpinned, unlocked, holds bytes and has a
-producer. The engine adds and removes candidates (O(1), swap-remove) and writes through every
-field a policy reads, so a search is a handful of vector operations instead of a Python loop.
+producer. The engine adds and removes candidates (O(1), swap-remove). The arrays mirror fields
+of the storages and are brought up to date lazily: whoever changes a field a policy reads marks
+the storage stale (``stale.append``), and ``sync()`` writes the stale rows just before a search.
+Between searches an op then costs a list append instead of numpy writes, and a run that never
+searches (a budget nothing comes close to) never writes them.
 """
 
 from __future__ import annotations
@@ -13,15 +16,20 @@ from membudget.core.records import Storage
 
 
 class CandidatePool:
-    """Array-backed set of evictable storages: slot i holds ``items[i]``."""
+    """Array-backed set of evictable storages: slot i holds ``items[i]``; row i of the arrays
+    is current for every storage not in ``stale`` (``sync()`` makes them all current)."""
 
-    __slots__ = ("_added", "bound", "bound_epoch", "cost", "ev_children", "ev_parents",
-                 "free_adj", "items", "last", "nbytes", "remats", "seq")
+    __slots__ = ("_added", "_synced", "bound", "bound_epoch", "cost", "ev_children",
+                 "ev_parents", "free_adj", "items", "last", "nbytes", "remats", "seq", "stale")
     _ARRAYS = ("cost", "nbytes", "last", "ev_parents", "ev_children", "free_adj", "remats", "seq",
                "bound")
+    #: A pool that is never searched still syncs once this many stale marks have piled up, so
+    #: the list holds no storage long after it left the pool.
+    STALE_LIMIT = 4096
 
     def __init__(self, capacity: int = 1024) -> None:
         self.items: list[Storage] = []
+        self.stale: list[Storage] = []  # rows to rewrite (duplicates and non-members allowed)
         self.cost = np.zeros(capacity)
         self.nbytes = np.zeros(capacity)
         self.last = np.zeros(capacity)
@@ -31,8 +39,10 @@ class CandidatePool:
         self.remats = np.zeros(capacity)
         self.seq = np.zeros(capacity)  # order of entry: ties go to the latest (as in simrd)
         self._added = 0
+        self._synced = 0  # entries up to this one have had their ``bound`` row reset
         # A policy's cached lower bound of each candidate's neighbourhood cost, valid while
-        # ``bound_epoch`` equals the policy's epoch (see policies/cost.py).
+        # ``bound_epoch`` equals the policy's epoch (see policies/cost.py). Only policies write
+        # it; a new entrant's row is reset to 0 (always a valid lower bound) by ``sync()``.
         self.bound = np.zeros(capacity)
         self.bound_epoch = -1
 
@@ -51,39 +61,50 @@ class CandidatePool:
             setattr(self, name, new)
 
     def add(self, s: Storage) -> None:
-        i = len(self.items)
+        items = self.items
+        i = s.slot = len(items)
         if i == self.cost.shape[0]:
             self._grow()
-        self.items.append(s)
-        s.slot = i
-        self.cost[i] = s.cost
-        self.nbytes[i] = s.nbytes
-        self.last[i] = s.last_access
-        self.ev_parents[i] = s.ev_parents
-        self.ev_children[i] = s.ev_children
-        self.free_adj[i] = s.free_adj
-        self.remats[i] = s.remats
+        items.append(s)
         self._added += 1
-        self.seq[i] = self._added
-        self.bound[i] = 0.0
+        s.seq = self._added
+        stale = self.stale
+        stale.append(s)
+        if len(stale) > self.STALE_LIMIT:
+            self.sync()
 
     def remove(self, s: Storage) -> None:
         i = s.slot
-        last = self.items.pop()
+        items = self.items
+        last = items.pop()
         s.slot = -1
         if last is not s:
-            self.items[i] = last
+            items[i] = last
             last.slot = i
-            j = len(self.items)
-            self.cost[i] = self.cost[j]
-            self.nbytes[i] = self.nbytes[j]
-            self.last[i] = self.last[j]
-            self.ev_parents[i] = self.ev_parents[j]
-            self.ev_children[i] = self.ev_children[j]
-            self.free_adj[i] = self.free_adj[j]
-            self.remats[i] = self.remats[j]
-            self.seq[i] = self.seq[j]
-            self.bound[i] = self.bound[j]
+            self.stale.append(last)
+            bound = self.bound
+            bound[i] = bound[len(items)]  # the policy's cache moves with its storage
+
+    def sync(self) -> None:
+        """Write the stale rows (every field a policy reads) from their storages."""
+        stale = [s for s in dict.fromkeys(self.stale) if s.slot >= 0]
+        self.stale = []
+        if not stale:
+            return
+        idx = [s.slot for s in stale]
+        self.cost[idx] = [s.cost for s in stale]
+        self.nbytes[idx] = [s.nbytes for s in stale]
+        self.last[idx] = [s.last_access for s in stale]
+        self.ev_parents[idx] = [s.ev_parents for s in stale]
+        self.ev_children[idx] = [s.ev_children for s in stale]
+        self.free_adj[idx] = [s.free_adj for s in stale]
+        self.remats[idx] = [s.remats for s in stale]
+        self.seq[idx] = [s.seq for s in stale]
+        synced = self._synced
+        new = [s.slot for s in stale if s.seq > synced]
+        if new:
+            self.bound[new] = 0.0
+        self._synced = self._added
 
     def argmin(self, scores: np.ndarray) -> int:
         """Slot of the lowest score; among ties the latest entrant wins, except that among

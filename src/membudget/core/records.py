@@ -39,6 +39,7 @@ class Storage:
         "pinned",  # never evicted (leaves, constants, unsafe-to-recompute outputs)
         "remats",  # how many times it was rematerialized
         "resident",
+        "seq",  # when it last entered the candidate pool (the pool's entry counter)
         "slot",  # index in the candidate pool, or -1
         "tensors",  # the tensors that live in it; tensors[0] is the base
         "uf",  # scratch field for policies (union-find node of dtr-eq)
@@ -64,6 +65,7 @@ class Storage:
         self.ev_parents = 0
         self.ev_children = 0
         self.slot = -1
+        self.seq = 0
         self.block: Block | None = None
         self.free_adj = 0
         self.remats = 0

@@ -8,7 +8,6 @@ that a recomputation draws the same numbers), and whether it has tensor outputs 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 
 import torch
 
@@ -29,11 +28,13 @@ SIDE_EFFECT_FLAG = "training"  # the argument that must be true for the writes a
 
 @dataclass(frozen=True)
 class OpInfo:
-    """``writes``: (position, name) of every argument the op may write."""
+    """``writes``: (position, name) of every argument the op may write; ``passthrough``: a
+    metadata query with no data (a fake tensor's ``prim::device``), run as it is."""
 
     writes: tuple[tuple[int, str], ...]
     random: bool
     side_effects: int | None = None  # position of SIDE_EFFECT_FLAG if its writes are only that
+    passthrough: bool = False
 
     def side_effects_only(self, args: tuple, kwargs: dict) -> bool:
         """Are this call's writes side effects no output depends on (see UNDECLARED_WRITES)?"""
@@ -54,8 +55,18 @@ class OpInfo:
         return out
 
 
-@cache
+_INFO: dict[torch._ops.OpOverload, OpInfo] = {}
+
+
 def op_info(func: torch._ops.OpOverload) -> OpInfo:
+    """What ``func`` does to memory (worked out once per op: this runs on every op)."""
+    info = _INFO.get(func)
+    if info is None:
+        info = _INFO[func] = _classify(func)
+    return info
+
+
+def _classify(func: torch._ops.OpOverload) -> OpInfo:
     schema = func._schema
     undeclared = UNDECLARED_WRITES.get(func, ())
     writes = tuple((i, a.name) for i, a in enumerate(schema.arguments)
@@ -65,4 +76,5 @@ def op_info(func: torch._ops.OpOverload) -> OpInfo:
     side = (names.index(SIDE_EFFECT_FLAG)
             if undeclared and SIDE_EFFECT_FLAG in names
             and all(name in undeclared for _, name in writes) else None)
-    return OpInfo(writes, torch.Tag.nondeterministic_seeded in func.tags, side)
+    return OpInfo(writes, torch.Tag.nondeterministic_seeded in func.tags, side,
+                  func.namespace == "prim")

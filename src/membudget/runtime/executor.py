@@ -23,12 +23,21 @@ from membudget.runtime.flat import Spec, flatten_result, unflatten
 
 
 class Slot:
-    """Placeholder in an op's flattened arguments for its ``index``-th engine input."""
+    """Placeholder in an op's flattened arguments for its ``index``-th engine input
+    (immutable, so ``slot(i)`` shares one per index)."""
 
     __slots__ = ("index",)
 
     def __init__(self, index: int) -> None:
         self.index = index
+
+
+_SLOTS = [Slot(i) for i in range(64)]
+
+
+def slot(i: int) -> Slot:
+    """The placeholder of engine input ``i``."""
+    return _SLOTS[i] if i < 64 else Slot(i)
 
 
 class OpCall:
@@ -53,7 +62,7 @@ class OpCall:
         self.spec = spec
         self.random = random
         self.grad = torch.is_grad_enabled()
-        self.outputs: list[int] = []
+        self.outputs: Sequence[int] = ()
         self.rng: tuple | None = None
         self.result: list[torch.Tensor] | None = None
         self.returned: list[Any] | None = None
@@ -100,6 +109,8 @@ class RestoredRng:
 
 
 OpTimer = Callable[[Any, tuple, dict, Any], float]
+_NO_KWARGS: dict[str, Any] = {}  # shared, never written
+_FIRST = (0,)  # the outputs of an op that returns one tensor
 
 
 class TorchExecutor(Executor):
@@ -115,23 +126,40 @@ class TorchExecutor(Executor):
         """The cost of an op's first run in ns: measured since ``t0``, or predicted."""
         if self.cost is None:
             return float(perf_counter_ns() - t0)
-        return self.cost(call.func, args, kwargs, out) * 1e9
+        return self.cost(call.func, tuple(args), kwargs, out) * 1e9
 
     def probe(self, path: ComputePath) -> tuple[list[int], list[int], float]:
         call: OpCall = path.op
-        real = [self.values[t.id] for t in path.inputs]
-        args, kwargs = unflatten(
-            [real[x.index] if type(x) is Slot else x for x in call.leaves], call.spec)
+        values = self.values
+        real = [values[t.id] for t in path.inputs]
+        leaves = [real[x.index] if type(x) is Slot else x for x in call.leaves]
         if call.random:
             call.rng = capture_rng(_devices(real), _generators(call.leaves))
-        t0 = perf_counter_ns()
-        out = call.func(*args, **kwargs)
-        cost = call.cost = self._cost(call, args, kwargs, out, t0)
-        flat, call.returned_kind = flatten_result(out)
-        call.outputs = [k for k, o in enumerate(flat) if isinstance(o, torch.Tensor)]
-        call.result = [flat[k] for k in call.outputs]
+        op = call.func._op  # what OpOverload.__call__ calls, without its Python frame
+        if call.spec is None:
+            t0 = perf_counter_ns()
+            out = op(*leaves)
+            args, kwargs = leaves, _NO_KWARGS
+        else:
+            args, kwargs = unflatten(leaves, call.spec)
+            t0 = perf_counter_ns()
+            out = op(*args, **kwargs)
+        if self.cost is None:
+            cost = call.cost = float(perf_counter_ns() - t0)
+        else:
+            cost = call.cost = self._cost(call, args, kwargs, out, t0)
+        if isinstance(out, torch.Tensor):  # most ops
+            flat = [out]
+            call.returned_kind = None
+            call.outputs = _FIRST
+            result = [out]
+        else:
+            flat, call.returned_kind = flatten_result(out)
+            call.outputs = [k for k, o in enumerate(flat) if isinstance(o, torch.Tensor)]
+            result = [flat[k] for k in call.outputs]
+        call.result = result
         call.returned = flat
-        out_bytes, out_alias = _layout(call.result, real)
+        out_bytes, out_alias = _layout(result, real)
         return out_bytes, out_alias, cost
 
     def run(self, path: ComputePath, remat: bool) -> float:
@@ -212,18 +240,17 @@ def copy_of(v: torch.Tensor) -> torch.Tensor:
 def _layout(tensors: list[torch.Tensor], inputs: list[torch.Tensor]
             ) -> tuple[list[int], list[int]]:
     """Bytes and aliased input of each output: a view shares its input's storage. Storages
-    are compared by identity, not data pointer, which fake and meta tensors do not have."""
-    owners = {}
-    for i, v in enumerate(inputs):
-        st = v.untyped_storage()
-        if st.nbytes():
-            owners.setdefault(st._cdata, i)
+    are compared by identity, not data pointer, which fake and meta tensors do not have (an
+    output of 0 bytes aliases nothing)."""
+    owners = [v.untyped_storage()._cdata for v in inputs]
     out_bytes, out_alias = [], []
     for o in tensors:
         st = o.untyped_storage()
-        i = owners.get(st._cdata, -1) if st.nbytes() else -1
+        nbytes = st.nbytes()
+        where = st._cdata
+        i = owners.index(where) if nbytes and where in owners else -1
         out_alias.append(i)
-        out_bytes.append(0 if i >= 0 else st.nbytes())
+        out_bytes.append(0 if i >= 0 else nbytes)
     return out_bytes, out_alias
 
 

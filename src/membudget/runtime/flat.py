@@ -2,7 +2,8 @@
 
 Aten ops take tensors directly or in lists (``cat``, ``_foreach_*``) and return a tensor, or
 a tuple or list of them; one level is all there is, so this is much cheaper than a general
-pytree walk. ``Spec`` records which positions were sequences so the structure comes back.
+pytree walk. ``Spec`` records which positions were sequences so the structure comes back;
+it is None for the commonest call, positional arguments with no sequence among them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import torch
 
-Spec = tuple  # (per-arg layout, kwarg names, per-kwarg layout)
+Spec = tuple | None  # (per-arg layout, kwarg names, per-kwarg layout), or None: args as is
 
 
 def _expand(x: Any, leaves: list[Any]) -> Any:
@@ -24,6 +25,12 @@ def _expand(x: Any, leaves: list[Any]) -> Any:
 
 
 def flatten(args: tuple, kwargs: dict) -> tuple[list[Any], Spec]:
+    if not kwargs:
+        for a in args:
+            if isinstance(a, (list, tuple)):
+                break
+        else:
+            return list(args), None
     leaves: list[Any] = []
     arg_layout = tuple(_expand(a, leaves) for a in args)
     if not kwargs:
@@ -33,6 +40,8 @@ def flatten(args: tuple, kwargs: dict) -> tuple[list[Any], Spec]:
 
 
 def unflatten(leaves: list[Any], spec: Spec) -> tuple[tuple, dict]:
+    if spec is None:
+        return tuple(leaves), {}
     arg_layout, names, kw_layout = spec
     it = iter(leaves)
     args = tuple(next(it) if lay is None else lay[0](next(it) for _ in range(lay[1]))

@@ -21,7 +21,6 @@ room first) and keeps its result. What an op does to memory decides how it is re
 from __future__ import annotations
 
 import gc
-import weakref
 from collections.abc import Callable
 from contextlib import ContextDecorator
 from dataclasses import dataclass, field
@@ -34,14 +33,15 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from membudget.core.engine import Engine
 from membudget.core.records import Tensor
 from membudget.errors import BudgetTooSmallError, MembudgetError, OutOfBudget
-from membudget.runtime.classify import op_info
-from membudget.runtime.executor import OpCall, OpTimer, Slot, TorchExecutor
+from membudget.runtime.classify import OpInfo, op_info
+from membudget.runtime.executor import OpCall, OpTimer, Slot, TorchExecutor, slot
 from membudget.runtime.flat import flatten, unflatten_result
 from membudget.runtime.recording import Recording
-from membudget.runtime.tensor import Ref, RematTensor, value_of
+from membudget.runtime.tensor import Ref, RematTensor, value_of, wrap
 from membudget.units import parse_bytes
 
 aten = torch.ops.aten
+_NO_KWARGS: dict[str, Any] = {}  # shared, never written
 
 
 @dataclass
@@ -64,13 +64,21 @@ class SessionStats:
 
 
 class _Mode(TorchDispatchMode):
+    """Routes every aten op to the session. Its frames are entered only from the dispatcher,
+    never traced by Dynamo, so it opts out of the Dynamo-disabling wrapper that torch puts
+    around ``__torch_dispatch__`` by default (two Python frames on every op)."""
+
     def __init__(self, session: Session) -> None:
         super().__init__()
-        self.session = session
+        self.dispatch = session.dispatch
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
-        return self.session.dispatch(func, args, kwargs or {})
+        return self.dispatch(func, args, kwargs)
 
 
 class Session(ContextDecorator):
@@ -100,7 +108,9 @@ class Session(ContextDecorator):
         self.allocator_name = self.engine.allocator.name
         self._leaves: dict[tuple, tuple[torch.Tensor, Tensor]] = {}
         self._bases: dict[int, Tensor] = {}  # real storage -> its leaf
-        self._refs: weakref.WeakSet[Ref] = weakref.WeakSet()
+        # the engine tensors behind the program's live wrappers (one wrapper each)
+        self._held: dict[Tensor, None] = {}
+        self._final: dict[int, torch.Tensor] = {}  # their values once handed out, by id
         self._pending: list[Tensor] = []
         self._busy = False
         self.recording = Recording()
@@ -160,19 +170,20 @@ class Session(ContextDecorator):
         eng.output_kind = "gradient" if name == "backward" else "activation"
 
     def _hand_out(self) -> None:
-        """Give every live wrapper its value and every leaf a plain gradient, so that what
-        escapes the context (the loss, outputs, ``param.grad``) stays valid after it."""
-        for ref in list(self._refs):
-            if ref.handle is not None:
-                ref.value = self.read(ref.handle)
+        """Keep the value of every live wrapper and give every leaf a plain gradient, so that
+        what escapes the context (the loss, outputs, ``param.grad``) stays valid after it;
+        a wrapper takes its value when it is next used (``read_ref``)."""
+        final = self._final
+        for h in list(self._held):
+            final[h.id] = self.read(h)
         for tensor, _ in list(self._leaves.values()):
-            g = tensor.grad
+            g = tensor.grad if tensor.is_leaf else None  # only leaves accumulate gradients
             if type(g) is RematTensor:
                 tensor.grad = value_of(g)
-        for ref in list(self._refs):  # the program's references end with the session
-            if ref.handle is not None:
-                self.release(ref.handle)
-                ref.handle = None
+        held, self._held = self._held, {}  # wrappers that died meanwhile are gone from it
+        for h in held:  # the program's references end with the session
+            self.recording.release(h)
+            self.engine.release(h)  # type: ignore[union-attr]
 
     def _close(self) -> None:
         eng = self.engine
@@ -184,9 +195,7 @@ class Session(ContextDecorator):
                 self.budget_bytes, eng.peak_bytes, st.evictions, st.eager_evictions,
                 st.remat_ops, st.ops, st.remat_cost / 1e9, st.search_us(),
                 st.fragmentation_summary(), device_peak)
-        for ref in list(self._refs):
-            ref.session = None
-            ref.handle = None
+        self._held = {}
         self._leaves = {}
         self._bases = {}
         self.engine = None
@@ -196,11 +205,19 @@ class Session(ContextDecorator):
 
     # ------------------------------------------------------------------ references
     def release(self, handle: Tensor) -> None:
-        """A wrapper died or was rebound: drop its reference (after the current op)."""
-        if self.engine is None:
+        """A wrapper died: drop its reference (after the current op)."""
+        if self.engine is None:  # ended: its handed-out value goes with it
+            self._final.pop(handle.id, None)
             return
+        try:
+            del self._held[handle]
+        except KeyError:  # already released: handed out as the session ends
+            return
+        if self._final:  # handing out: the value it would have taken goes too
+            self._final.pop(handle.id, None)
         self._pending.append(handle)
-        self._drain()
+        if not self._busy:
+            self._drain()
 
     def _drain(self) -> None:
         """Release what is pending. Engine work is never re-entered: a wrapper that the
@@ -216,6 +233,19 @@ class Session(ContextDecorator):
                 eng.release(h)
         finally:
             self._busy = False
+
+    def read_ref(self, ref: Ref) -> torch.Tensor:
+        """The value behind a wrapper: from the engine while the session is active, or the
+        value handed out when it ended (which the wrapper then keeps)."""
+        h = ref.handle
+        if self.engine is not None or h is None:
+            return self.read(h)  # type: ignore[arg-type]
+        v = self._final.pop(h.id, None)
+        if v is None:
+            raise MembudgetError("this tensor belonged to a membudget session that ended with "
+                                 "an error; its value is gone")
+        ref.value, ref.session = v, None
+        return v
 
     def read(self, handle: Tensor) -> torch.Tensor:
         """The value of ``handle``, recomputed if it was evicted."""
@@ -237,11 +267,6 @@ class Session(ContextDecorator):
             return False
         return self.engine.evict(t._ref.handle)
 
-    def _wrap(self, value: torch.Tensor, handle: Tensor) -> RematTensor:
-        ref = Ref(self, handle)
-        self._refs.add(ref)
-        return RematTensor(value, ref)
-
     def _leaf(self, x: torch.Tensor) -> Tensor:
         """The engine handle of a plain tensor: one pinned leaf per real storage, counted
         once, and other views of that storage (DDP's bucket views, say) as views of it."""
@@ -262,7 +287,7 @@ class Session(ContextDecorator):
             self._bases.setdefault(where, h)
         else:
             view = aten.as_strided.default
-            leaves, spec = flatten((Slot(0), list(x.size()), list(x.stride()),
+            leaves, spec = flatten((slot(0), list(x.size()), list(x.stride()),
                                     x.storage_offset()), {})
             call = OpCall(view, leaves, spec)
             (h,) = eng.apply(call, [base], None)
@@ -284,34 +309,37 @@ class Session(ContextDecorator):
             if not busy:
                 self._drain()
 
-    def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        if func.namespace == "prim":  # metadata queries (a fake tensor's prim::device): no data
-            return func(*args, **kwargs)
-        return self._guarded(lambda: self._dispatch(func, args, kwargs))
+    def dispatch(self, func: Any, args: tuple, kwargs: dict | None) -> Any:
+        """Run one aten op through the engine (the dispatch mode's entry: every op)."""
+        info = op_info(func)
+        if info.passthrough:
+            return func(*args, **(kwargs or {}))
+        busy, self._busy = self._busy, True
+        try:
+            return self._dispatch(func, info, args, kwargs or _NO_KWARGS)
+        except OutOfBudget as e:
+            raise BudgetTooSmallError.from_oob(e) from None
+        finally:
+            self._busy = busy
+            if not busy and self._pending:
+                self._drain()
 
-    def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+    def _dispatch(self, func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
         eng = self.engine
         assert eng is not None
-        flat, spec = flatten(args, kwargs)
+        leaves, spec = flatten(args, kwargs)
         inputs: list[Tensor] = []
-        leaves: list[Any] = []
         objects: list[Any] = []  # the tensor object behind each input
-        for x in flat:
+        for k, x in enumerate(leaves):
             if isinstance(x, torch.Tensor):
                 if type(x) is RematTensor:
                     ref = x._ref
-                    if ref.session is not self:
-                        raise MembudgetError(f"{func} got a tensor of another membudget "
-                                             "session, or of one that ended with an error")
-                    h = ref.handle
+                    h = ref.handle if ref.session is self else self._leaf(self._outside(func, x))
                 else:
                     h = self._leaf(x)
-                leaves.append(Slot(len(inputs)))
+                leaves[k] = slot(len(inputs))
                 inputs.append(h)
                 objects.append(x)
-            else:
-                leaves.append(x)
-        info = op_info(func)
         call = OpCall(func, leaves, spec, info.random)
         rec = self.recording
         if not info.writes:
@@ -338,6 +366,8 @@ class Session(ContextDecorator):
                 # before anything queued meanwhile (as the trace format's rebinding does)
                 ref = objects[i]._ref
                 old, ref.handle = ref.handle, h
+                del self._held[old]
+                self._held[h] = None
                 rec.release(old)
                 eng.release(old)
             return _written_result(func, [objects[i] for i in mutated])
@@ -365,9 +395,20 @@ class Session(ContextDecorator):
         flat = call.returned
         call.returned = None  # the op's record must not keep the first result alive
         assert flat is not None
+        held = self._held
         for k, h in zip(call.outputs, handles, strict=True):
-            flat[k] = self._wrap(flat[k], h)
+            held[h] = None
+            flat[k] = wrap(flat[k], Ref(self, h))
         return unflatten_result(flat, call.returned_kind)
+
+    def _outside(self, func: Any, x: RematTensor) -> torch.Tensor:
+        """The value of a wrapper from a session that ended (a plain tensor here); a wrapper
+        of another active session cannot be shared."""
+        ref = x._ref
+        if ref.value is None and ref.session is not None and ref.session.engine is not None:
+            raise MembudgetError(f"{func} got a tensor of another active membudget session; "
+                                 "sessions cannot share tensors (nest no sessions)")
+        return value_of(x)
 
 
 def _sole_reference(t: Tensor) -> bool:

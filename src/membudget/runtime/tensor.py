@@ -21,10 +21,10 @@ if TYPE_CHECKING:
 
 
 class Ref:
-    """One program reference to an engine tensor, released when the wrapper dies; after the
-    session closed, ``value`` holds the data instead."""
+    """One program reference to an engine tensor, released when the wrapper dies; once the
+    value has been handed out (the session ended), ``value`` holds the data instead."""
 
-    __slots__ = ("__weakref__", "handle", "session", "value")
+    __slots__ = ("handle", "session", "value")
 
     def __init__(self, session: Session, handle: Tensor) -> None:
         self.session: Session | None = session
@@ -39,15 +39,12 @@ class Ref:
 class RematTensor(torch.Tensor):
     """A tensor whose data the memory-budget engine may drop and regenerate."""
 
+    __slots__ = ("_ref",)
     _ref: Ref
 
     @staticmethod
     def __new__(cls, value: torch.Tensor, ref: Ref) -> RematTensor:
-        r = torch.Tensor._make_wrapper_subclass(
-            cls, value.size(), strides=value.stride(), storage_offset=value.storage_offset(),
-            dtype=value.dtype, device=value.device, layout=value.layout, requires_grad=False)
-        r._ref = ref
-        return r
+        return wrap(value, ref)
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -71,6 +68,22 @@ class RematTensor(torch.Tensor):
         return value_of(self).numpy(force=force)
 
 
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+
+
+def wrap(value: torch.Tensor, ref: Ref) -> RematTensor:
+    """A wrapper with the metadata of ``value`` (made for every op output: kept lean)."""
+    if value.layout is torch.strided and value.storage_offset() == 0:  # the defaults
+        r = _make_wrapper(RematTensor, value.shape, strides=value.stride(), dtype=value.dtype,
+                          device=value.device)
+    else:
+        r = _make_wrapper(RematTensor, value.size(), strides=value.stride(),
+                          storage_offset=value.storage_offset(), dtype=value.dtype,
+                          device=value.device, layout=value.layout, requires_grad=False)
+    r._ref = ref
+    return r
+
+
 def value_of(x: Any) -> Any:
     """The real tensor behind a wrapper (materializing it); anything else unchanged."""
     if type(x) is not RematTensor:
@@ -78,5 +91,5 @@ def value_of(x: Any) -> Any:
     ref = x._ref
     if ref.value is not None:
         return ref.value
-    assert ref.session is not None and ref.handle is not None
-    return ref.session.read(ref.handle)
+    assert ref.session is not None
+    return ref.session.read_ref(ref)

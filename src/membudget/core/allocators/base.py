@@ -30,7 +30,7 @@ class Allocator(ABC):
     ``allocate`` either places the storage and returns True or changes nothing and returns
     False; the engine then evicts and retries. Layout-aware allocators (``has_layout``) give
     each placed storage a :class:`Block`, keep ``storage.free_adj`` (free bytes directly
-    around it) current, and write it through to the candidate pool that the engine attaches.
+    around it) current, and mark the storage stale in the candidate pool the engine attaches.
     """
 
     name: str = ""
@@ -131,7 +131,7 @@ class LayoutAllocator(Allocator):
                 self._refresh(x)
 
     def _refresh(self, b: Block) -> None:
-        """Recompute ``free_adj`` of the storage in ``b`` and write it to its pool slot."""
+        """Recompute ``free_adj`` of the storage in ``b`` (marking its pool row stale)."""
         s = b.storage
         assert s is not None
         p, n = b.prev, b.next
@@ -139,4 +139,4 @@ class LayoutAllocator(Allocator):
             n.size if n is not None and n.storage is None else 0)
         s.free_adj = adj
         if s.slot >= 0 and self.pool is not None:
-            self.pool.free_adj[s.slot] = adj
+            self.pool.stale.append(s)
