@@ -317,6 +317,29 @@ def test_reads_of_evicted_values_recompute_them():
         assert session.engine.stats.remat_ops >= 5
 
 
+def test_what_escapes_a_session_is_a_plain_value_after_it():
+    x = torch.arange(4.0)
+    with membudget.budget("1 MiB") as first:
+        y = x * 2.0
+        dead = x + 1.0
+        z = x - 1.0
+        assert y.tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert len(first._final) == 3  # the values handed out, until their wrappers take them
+    del dead  # a wrapper that dies after the session ends takes its value with it
+    assert (y + 1.0).tolist() == [1.0, 3.0, 5.0, 7.0]  # outside any session
+    assert len(first._final) == 1  # z's, until it is used
+    with membudget.budget("1 MiB") as second:
+        w = y * z  # both from the first session: leaves of this one
+        assert type(w) is RematTensor and w._ref.session is second
+    assert w.tolist() == [0.0, 0.0, 4.0, 12.0]
+    with membudget.budget("1 MiB"):
+        inner = x * 3.0
+        with pytest.raises(membudget.MembudgetError, match="another active"), \
+                membudget.budget("1 MiB"):
+            inner + 1.0
+    assert inner.tolist() == [0.0, 3.0, 6.0, 9.0]
+
+
 def test_an_inplace_op_reading_what_it_writes():
     x = torch.randn(100)
     ref = (x * 1.5).add_(x * 1.5).mul_(2.0)
