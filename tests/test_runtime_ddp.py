@@ -1,12 +1,14 @@
 """DistributedDataParallel under a budget: 2 gloo processes, one budget per rank.
 
-DDP rebuilds its gradient buckets in C++ on the second forward, reading raw tensor data; that
-iteration must run outside a budget (a wrapper has no data of its own to read). After it,
-every rank's gradients under half its unconstrained peak equal an unconstrained DDP step.
+Every step runs inside a budget from DDP's first forward: its second forward rebuilds the
+gradient buckets inside a session (membudget.runtime.ddp), and its BatchNorm buffers are
+broadcast there (a collective: its outputs are pinned). Each rank's gradients under half its
+unconstrained peak equal those of an unconstrained DDP step.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 
@@ -31,29 +33,35 @@ def _worker(rank: int, world: int, port: int, results: dict) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         torch.manual_seed(0)
-        layers: list[nn.Module] = [nn.Linear(32, 128)]
+        layers: list[nn.Module] = [nn.Linear(32, 128), nn.BatchNorm1d(128)]
         for _ in range(8):
             layers += [nn.ReLU(), nn.Linear(128, 128)]
         model = nn.Sequential(*layers, nn.Linear(128, 10))
+        plain = copy.deepcopy(model)
         ddp = nn.parallel.DistributedDataParallel(model)
+        plain_ddp = nn.parallel.DistributedDataParallel(plain)
         gen = torch.Generator().manual_seed(rank)
         x, y = torch.randn(1024, 32, generator=gen), torch.randint(0, 10, (1024,), generator=gen)
 
-        def step() -> None:
-            model.zero_grad(set_to_none=True)
-            F.cross_entropy(ddp(x), y).backward()
+        def step(net: nn.Module, wrapper: nn.Module) -> list[torch.Tensor]:
+            net.zero_grad(set_to_none=True)
+            F.cross_entropy(wrapper(x), y).backward()
+            return [p.grad.clone() for p in net.parameters()]
 
-        step()  # the bucket rebuild happens on the next forward: outside any budget
-        step()
-        ref = [p.grad.clone() for p in model.parameters()]
-        with membudget.budget(10**9, "dtr") as free:
-            step()
+        with membudget.budget(10**9, "dtr") as free:  # DDP's first forward and backward
+            step(model, ddp)
+        step(plain, plain_ddp)  # the same number of steps: the same BatchNorm statistics
         budget = free.stats.peak_bytes // 2
-        with membudget.budget(budget, "dtr") as session:
-            step()
-        results[rank] = (
-            all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), ref, strict=True)),
-            session.stats.evictions, session.stats.peak_bytes <= budget)
+        equal, evictions, within = [], [], []
+        for _ in range(2):  # the first one rebuilds the buckets
+            ref = step(plain, plain_ddp)
+            with membudget.budget(budget, "dtr") as session:
+                got = step(model, ddp)
+            equal.append(all(torch.equal(a, b) for a, b in zip(got, ref, strict=True)))
+            evictions.append(session.stats.evictions)
+            within.append(session.stats.peak_bytes <= budget)
+        results[rank] = (equal, evictions, within, ddp._has_rebuilt_buckets,
+                         torch.equal(model[1].running_mean, plain[1].running_mean))
     finally:
         dist.destroy_process_group()
 
@@ -65,5 +73,6 @@ def test_ddp_gradients_equal_an_unconstrained_ddp_step():
         mp.spawn(_worker, args=(2, _free_port(), results), nprocs=2)
         got = dict(results)
     assert sorted(got) == [0, 1]
-    for equal, evictions, within in got.values():
-        assert equal and within and evictions > 0
+    for equal, evictions, within, rebuilt, same_stats in got.values():
+        assert equal == [True, True] and within == [True, True] and min(evictions) > 0
+        assert rebuilt and same_stats

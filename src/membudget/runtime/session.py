@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from membudget.core.engine import Engine
 from membudget.core.records import Tensor
 from membudget.errors import BudgetTooSmallError, MembudgetError, OutOfBudget
+from membudget.runtime import ddp
 from membudget.runtime.classify import OpInfo, op_info
 from membudget.runtime.executor import OpCall, OpTimer, Slot, TorchExecutor, slot
 from membudget.runtime.flat import flatten, unflatten_result
@@ -119,6 +120,7 @@ class Session(ContextDecorator):
             torch.cuda.reset_peak_memory_stats()
             self._cuda_base = torch.cuda.memory_allocated()
         self._mode = _Mode(self)
+        ddp.install(_Mode)
         gc.freeze()  # the collector skips what existed before (the model, ...): cheaper passes
         self._mode.__enter__()
         return self
