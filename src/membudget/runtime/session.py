@@ -35,6 +35,7 @@ from membudget.core.records import Tensor
 from membudget.errors import BudgetTooSmallError, MembudgetError, OutOfBudget
 from membudget.runtime import ddp
 from membudget.runtime.classify import OpInfo, op_info
+from membudget.runtime.device_memory import DeviceMeter
 from membudget.runtime.executor import OpCall, OpTimer, Slot, TorchExecutor, slot
 from membudget.runtime.flat import flatten, unflatten_result
 from membudget.runtime.recording import Recording
@@ -59,8 +60,8 @@ class SessionStats:
     remat_seconds: float = 0.0
     search_us: dict[str, float] = field(default_factory=dict)
     fragmentation: dict[str, float] = field(default_factory=dict)
-    # on a CUDA device: the most bytes the CUDA caching allocator held beyond what it held
-    # when the session began (torch.cuda.max_memory_allocated), to cross-check peak_bytes
+    # on a CUDA (or other accelerator) device: the most bytes its caching allocator held
+    # beyond what it held when the session began, to cross-check peak_bytes (DeviceMeter)
     device_peak_bytes: int | None = None
 
 
@@ -115,10 +116,7 @@ class Session(ContextDecorator):
         self._pending: list[Tensor] = []
         self._busy = False
         self.recording = Recording()
-        self._cuda_base = None
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.reset_peak_memory_stats()
-            self._cuda_base = torch.cuda.memory_allocated()
+        self._device = DeviceMeter()
         self._mode = _Mode(self)
         ddp.install(_Mode)
         gc.freeze()  # the collector skips what existed before (the model, ...): cheaper passes
@@ -191,12 +189,10 @@ class Session(ContextDecorator):
         eng = self.engine
         if eng is not None:
             st = eng.stats
-            device_peak = (None if self._cuda_base is None
-                           else torch.cuda.max_memory_allocated() - self._cuda_base)
             self.stats = SessionStats(
                 self.budget_bytes, eng.peak_bytes, st.evictions, st.eager_evictions,
                 st.remat_ops, st.ops, st.remat_cost / 1e9, st.search_us(),
-                st.fragmentation_summary(), device_peak)
+                st.fragmentation_summary(), self._device.peak())
         self._held = {}
         self._leaves = {}
         self._bases = {}
