@@ -16,12 +16,11 @@ from membudget.core.allocators import Allocator, make_allocator
 from membudget.core.executor import Executor, SimulatedExecutor
 from membudget.core.policies import Policy, make_policy
 from membudget.core.pool import CandidatePool
-from membudget.core.records import ComputePath, Storage, Tensor
+from membudget.core.records import NOTHING_REUSED, ComputePath, Storage, Tensor
 from membudget.core.stats import Stats
 from membudget.errors import EngineError, OutOfBudget, Thrashed
 
 INPLACE_MODES = ("cow", "remat")
-_NOTHING_REUSED: dict[Storage, Storage] = {}  # shared, never written: no block handed over
 
 
 class Engine:
@@ -125,13 +124,12 @@ class Engine:
         for t in inputs:
             if t.storage.dead:
                 raise EngineError(f"{op!r} reads {t!r}, which was freed for good")
-        path = ComputePath(self._next_id(), op, inputs, float(cost))
-        path.mutated = tuple(mutated)
+        path = ComputePath(self._next_id(), op, inputs, float(cost), tuple(mutated),
+                           None if out_bytes is None else (out_bytes, out_alias))
         # the outputs are made when the op first runs, once its inputs are materialized and
         # locked, whether their sizes are given or probed: a live run and its replay then
         # take exactly the same steps
         path.outputs = None  # type: ignore[assignment]
-        path.pending = None if out_bytes is None else (out_bytes, out_alias)
         self._run(path, remat=False)
         return path.outputs
 
@@ -321,7 +319,7 @@ class Engine:
         duplicates: list[Storage] = []
         alloc = self.allocator
         writes = p.mutated and not remat
-        reused = self._inplace_sources(p) if writes else _NOTHING_REUSED
+        reused = self._inplace_sources(p) if writes else NOTHING_REUSED
         try:
             for t in p.outputs:
                 if t.alias:
@@ -348,7 +346,7 @@ class Engine:
             if writes:
                 for t in p.versions:
                     t.storage.cost += p.cost
-                p.reused = _NOTHING_REUSED
+                p.reused = NOTHING_REUSED
                 for old in reused.values():  # its bytes now hold the new version
                     self._evict(old, freed=False)
         finally:

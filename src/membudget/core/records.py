@@ -98,6 +98,9 @@ class Tensor:
         return f"Tensor(id={self.id}, storage={self.storage.id}, defined={self.defined})"
 
 
+NOTHING_REUSED: dict[Storage, Storage] = {}  # shared, never written: no block handed over
+
+
 class ComputePath:
     """How some tensors were computed: the op, its input tensors, its outputs and its cost.
 
@@ -108,15 +111,16 @@ class ComputePath:
 
     __slots__ = ("cost", "id", "inputs", "mutated", "op", "outputs", "pending", "reused")
 
-    def __init__(self, pid: int, op: object, inputs: Sequence[Tensor], cost: float) -> None:
+    def __init__(self, pid: int, op: object, inputs: Sequence[Tensor], cost: float,
+                 mutated: tuple[int, ...] = (), pending: tuple | None = None) -> None:
         self.id = pid
         self.op = op
         self.inputs = tuple(inputs)
         self.outputs: list[Tensor] = []
         self.cost = cost
-        self.mutated: tuple[int, ...] = ()
-        self.reused: dict[Storage, Storage] = {}
-        self.pending: tuple | None = None  # output sizes and aliases until it first runs
+        self.mutated = mutated
+        self.reused: dict[Storage, Storage] = NOTHING_REUSED
+        self.pending = pending  # output sizes and aliases until it first runs
 
     @property
     def versions(self) -> list[Tensor]:

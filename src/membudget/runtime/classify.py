@@ -55,15 +55,16 @@ class OpInfo:
         return out
 
 
-_INFO: dict[torch._ops.OpOverload, OpInfo] = {}
+# by id(): OpOverload hashes in Python; the op itself is kept alive beside its info
+_INFO: dict[int, tuple[OpInfo, torch._ops.OpOverload]] = {}
 
 
 def op_info(func: torch._ops.OpOverload) -> OpInfo:
     """What ``func`` does to memory (worked out once per op: this runs on every op)."""
-    info = _INFO.get(func)
-    if info is None:
-        info = _INFO[func] = _classify(func)
-    return info
+    hit = _INFO.get(id(func))
+    if hit is None:
+        hit = _INFO[id(func)] = (_classify(func), func)
+    return hit[0]
 
 
 def _classify(func: torch._ops.OpOverload) -> OpInfo:

@@ -72,10 +72,11 @@ class Recording:
             self._implicit.add(old.id)
 
     def release(self, h: Tensor) -> None:
-        if h.id in self._implicit:
-            self._implicit.discard(h.id)
+        i = h.id
+        if i in self._implicit:
+            self._implicit.discard(i)
             return
-        self.events.append((RELEASE, None, self.tid(h)))
+        self.events.append((RELEASE, None, self._tid.get(i, i)))
 
     def get(self, h: Tensor) -> None:
         self.events.append((GET, None, self.tid(h)))

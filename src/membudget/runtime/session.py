@@ -213,8 +213,16 @@ class Session(ContextDecorator):
             return
         if self._final:  # handing out: the value it would have taken goes too
             self._final.pop(handle.id, None)
-        self._pending.append(handle)
-        if not self._busy:
+        if self._busy:  # engine work is never re-entered: it is released after it
+            self._pending.append(handle)
+            return
+        self._busy = True
+        try:
+            self.recording.release(handle)
+            self.engine.release(handle)
+        finally:
+            self._busy = False
+        if self._pending:
             self._drain()
 
     def _drain(self) -> None:
