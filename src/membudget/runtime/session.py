@@ -21,6 +21,7 @@ room first) and keeps its result. What an op does to memory decides how it is re
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Callable
 from contextlib import ContextDecorator
 from dataclasses import dataclass, field
@@ -110,9 +111,8 @@ class Session(ContextDecorator):
         self.allocator_name = self.engine.allocator.name
         self._leaves: dict[tuple, tuple[torch.Tensor, Tensor]] = {}
         self._bases: dict[int, Tensor] = {}  # real storage -> its leaf
-        # the engine tensors behind the program's live wrappers (one wrapper each)
-        self._held: dict[Tensor, None] = {}
-        self._final: dict[int, torch.Tensor] = {}  # their values once handed out, by id
+        # the engine tensors behind the program's live wrappers, each with its wrapper's Ref
+        self._held: dict[Tensor, weakref.ref[Ref]] = {}
         self._pending: list[Tensor] = []
         self._busy = False
         self.recording = Recording()
@@ -170,20 +170,21 @@ class Session(ContextDecorator):
         eng.output_kind = "gradient" if name == "backward" else "activation"
 
     def _hand_out(self) -> None:
-        """Keep the value of every live wrapper and give every leaf a plain gradient, so that
-        what escapes the context (the loss, outputs, ``param.grad``) stays valid after it;
-        a wrapper takes its value when it is next used (``read_ref``)."""
-        final = self._final
-        for h in list(self._held):
-            final[h.id] = self.read(h)
+        """Give every live wrapper its value and every leaf a plain gradient, so that what
+        escapes the context (the loss, outputs, ``param.grad``) stays valid after it."""
+        for h, ref_of in list(self._held.items()):
+            ref = ref_of()
+            if ref is not None:
+                ref.value = self.read(h)
         for tensor, _ in list(self._leaves.values()):
             g = tensor.grad if tensor.is_leaf else None  # only leaves accumulate gradients
             if type(g) is RematTensor:
                 tensor.grad = value_of(g)
         held, self._held = self._held, {}  # wrappers that died meanwhile are gone from it
-        for h in held:  # the program's references end with the session
+        for h, ref_of in held.items():  # the program's references end with the session
             self.recording.release(h)
             self.engine.release(h)  # type: ignore[union-attr]
+            _detach(ref_of)
 
     def _close(self) -> None:
         eng = self.engine
@@ -193,6 +194,8 @@ class Session(ContextDecorator):
                 self.budget_bytes, eng.peak_bytes, st.evictions, st.eager_evictions,
                 st.remat_ops, st.ops, st.remat_cost / 1e9, st.search_us(),
                 st.fragmentation_summary(), self._device.peak())
+        for ref_of in self._held.values():  # ended with an error: their values are gone
+            _detach(ref_of)
         self._held = {}
         self._leaves = {}
         self._bases = {}
@@ -204,15 +207,12 @@ class Session(ContextDecorator):
     # ------------------------------------------------------------------ references
     def release(self, handle: Tensor) -> None:
         """A wrapper died: drop its reference (after the current op)."""
-        if self.engine is None:  # ended: its handed-out value goes with it
-            self._final.pop(handle.id, None)
+        if self.engine is None:
             return
         try:
             del self._held[handle]
         except KeyError:  # already released: handed out as the session ends
             return
-        if self._final:  # handing out: the value it would have taken goes too
-            self._final.pop(handle.id, None)
         if self._busy:  # engine work is never re-entered: it is released after it
             self._pending.append(handle)
             return
@@ -239,19 +239,6 @@ class Session(ContextDecorator):
                 eng.release(h)
         finally:
             self._busy = False
-
-    def read_ref(self, ref: Ref) -> torch.Tensor:
-        """The value behind a wrapper: from the engine while the session is active, or the
-        value handed out when it ended (which the wrapper then keeps)."""
-        h = ref.handle
-        if self.engine is not None or h is None:
-            return self.read(h)  # type: ignore[arg-type]
-        v = self._final.pop(h.id, None)
-        if v is None:
-            raise MembudgetError("this tensor belonged to a membudget session that ended with "
-                                 "an error; its value is gone")
-        ref.value, ref.session = v, None
-        return v
 
     def read(self, handle: Tensor) -> torch.Tensor:
         """The value of ``handle``, recomputed if it was evicted."""
@@ -372,8 +359,7 @@ class Session(ContextDecorator):
                 # before anything queued meanwhile (as the trace format's rebinding does)
                 ref = objects[i]._ref
                 old, ref.handle = ref.handle, h
-                del self._held[old]
-                self._held[h] = None
+                self._held[h] = self._held.pop(old)
                 rec.release(old)
                 eng.release(old)
             return _written_result(func, [objects[i] for i in mutated])
@@ -403,18 +389,28 @@ class Session(ContextDecorator):
         assert flat is not None
         held = self._held
         for k, h in zip(call.outputs, handles, strict=True):
-            held[h] = None
-            flat[k] = wrap(flat[k], Ref(self, h))
+            ref = Ref(self, h)
+            held[h] = weakref.ref(ref)
+            flat[k] = wrap(flat[k], ref)
         return unflatten_result(flat, call.returned_kind)
 
     def _outside(self, func: Any, x: RematTensor) -> torch.Tensor:
         """The value of a wrapper from a session that ended (a plain tensor here); a wrapper
         of another active session cannot be shared."""
         ref = x._ref
-        if ref.value is None and ref.session is not None and ref.session.engine is not None:
+        if ref.session is not None and ref.session.engine is not None:
             raise MembudgetError(f"{func} got a tensor of another active membudget session; "
                                  "sessions cannot share tensors (nest no sessions)")
         return value_of(x)
+
+
+def _detach(ref_of: weakref.ref[Ref]) -> None:
+    """The session is over for this wrapper: it keeps its value (if handed out), not the
+    session."""
+    ref = ref_of()
+    if ref is not None:
+        ref.session = None
+        ref.handle = None
 
 
 def _sole_reference(t: Tensor) -> bool:

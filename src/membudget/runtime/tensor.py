@@ -15,16 +15,17 @@ import torch
 from torch.utils._pytree import tree_map
 
 from membudget.core.records import Tensor
+from membudget.errors import MembudgetError
 
 if TYPE_CHECKING:
     from membudget.runtime.session import Session
 
 
 class Ref:
-    """One program reference to an engine tensor, released when the wrapper dies; once the
-    value has been handed out (the session ended), ``value`` holds the data instead."""
+    """One program reference to an engine tensor, released when the wrapper dies; after the
+    session closed, ``value`` holds the data instead (and it refers to no session)."""
 
-    __slots__ = ("handle", "session", "value")
+    __slots__ = ("__weakref__", "handle", "session", "value")
 
     def __init__(self, session: Session, handle: Tensor) -> None:
         self.session: Session | None = session
@@ -91,5 +92,7 @@ def value_of(x: Any) -> Any:
     ref = x._ref
     if ref.value is not None:
         return ref.value
-    assert ref.session is not None
-    return ref.session.read_ref(ref)
+    if ref.session is None or ref.handle is None:
+        raise MembudgetError("this tensor belonged to a membudget session that ended with an "
+                             "error; its value is gone")
+    return ref.session.read(ref.handle)
