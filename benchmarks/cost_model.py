@@ -22,7 +22,6 @@ import datetime
 import os
 import platform
 import statistics
-import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -38,6 +37,7 @@ import torch
 from scipy.stats import spearmanr
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from membudget.bench.report import git_state
 from membudget.cost import CostModel, DeviceSpec, get_spec, known_specs, op_plan
 from membudget.cost.devices import CPU, measure_cpu
 from membudget.cost.model import FREE
@@ -249,17 +249,6 @@ def plot(per_model: dict[str, tuple[list[OpSample], int]], path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- report
-def git_state() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                              capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=ROOT,
-                               text=True, capture_output=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown commit"
-    return f"commit {head}" + (" with uncommitted changes under src/" if dirty else "")
-
-
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -336,7 +325,7 @@ def main() -> None:
         f"Produced by `{cmd}` on {datetime.date.today().isoformat()}: {cpu_name()}, "
         f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
         f"({torch.get_num_threads()} thread(s)), Python {platform.python_version()}, membudget "
-        f"{git_state()}. Wall time {wall:.0f} s. The machine is shared with other jobs, so "
+        f"{git_state(ROOT)}. Wall time {wall:.0f} s. The machine is shared with other jobs, so "
         "measured times are noisy; ranks and medians are what to read.", "",
         "The model (`membudget.cost`): time = launch overhead + max(FLOPs / (peak matmul FLOP/s "
         "of the op's dtype × FLOP/s efficiency), bytes read and written / (bandwidth × "

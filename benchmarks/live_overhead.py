@@ -37,7 +37,6 @@ import gc
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -52,6 +51,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import membudget
 from membudget import BudgetTooSmallError
+from membudget.bench.report import git_state
 from membudget.core.policies import POLICIES
 from membudget.runtime.session import SessionStats
 from membudget.runtime.tensor import value_of
@@ -564,17 +564,6 @@ def steps_markdown(rows: Sequence[StepRow]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- report
-def git_state() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                              capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=ROOT,
-                               text=True, capture_output=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown commit"
-    return f"commit {head}" + (" with uncommitted changes under src/" if dirty else "")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -617,7 +606,7 @@ def main() -> None:
         f"Produced by `{cmd}` on {datetime.date.today().isoformat()}: {platform.machine()}, "
         f"{os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} "
         f"threads), transformers {transformers.__version__}, Python "
-        f"{platform.python_version()}, membudget {git_state()}. All numbers come from one "
+        f"{platform.python_version()}, membudget {git_state(ROOT)}. All numbers come from one "
         "process; plain and in-session runs are interleaved, and each number is a median, "
         "since this machine is shared and noisy. Read ratios, not absolute times.", "",
         f"Wall time: {wall:.0f} s ({t_ops:.0f} s for the op loops).", "",

@@ -13,18 +13,17 @@ import argparse
 import datetime
 import os
 import platform
-import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from membudget.bench.report import git_state
 from membudget.plan import lifetime_ilp
 from membudget.plan.check_order import check_order
-from membudget.plan.graph import Graph, Tensor, from_trace
+from membudget.plan.graph import Graph, from_trace, layered
 from membudget.plan.order import optimize_order, segment
 from membudget.plan.schedule import best_greedy, contract
 from membudget.sim import measure_baseline
@@ -50,28 +49,9 @@ def machine() -> str:
 def versions() -> str:
     from importlib.metadata import version
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                            capture_output=True).stdout.strip() or "?"
     return (f"Python {platform.python_version()}, numpy {np.__version__}, ortools "
-            f"{version('ortools')}, highspy {version('highspy')}, membudget commit {commit} "
-            "(+ working tree)")
-
-
-def layered(seed: int, layers: int, width: int) -> Graph:
-    """A random layered DAG (tensors feed 1-3 nodes of the next two layers)."""
-    rng = random.Random(seed)
-    n = layers * width
-    tensors = []
-    for v in range(n):
-        layer = v // width
-        sinks: tuple[int, ...] = ()
-        if layer < layers - 1:
-            sinks = tuple(sorted(rng.sample(range((layer + 1) * width,
-                                                  min(n, (layer + 3) * width)),
-                                            rng.randint(1, 3))))
-        tensors.append(Tensor(f"t{v}", rng.randint(1, 20) * 256, v, sinks,
-                              layer == layers - 1))
-    return Graph([f"op{v}" for v in range(n)], tensors, name=f"layered {layers}x{width} #{seed}")
+            f"{version('ortools')}, highspy {version('highspy')}, membudget "
+            f"{git_state(ROOT)}")
 
 
 def peak_window(trace: Trace, span: int) -> tuple[Graph, list[int]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from hypothesis import strategies as st
 
 from membudget.plan import lifetime_ilp
 from membudget.plan.check_order import OrderError, check_order, order_peak
-from membudget.plan.graph import LEAF, Graph, GraphError, Tensor, from_trace
+from membudget.plan.graph import LEAF, Graph, GraphError, Tensor, from_trace, layered
 from membudget.plan.order import optimize_order, segment
 from membudget.plan.schedule import GREEDY_RULES, best_greedy, contract, greedy_order
 from membudget.trace import read_dtr_log
@@ -90,23 +89,6 @@ def small_dags(draw: st.DrawFn, max_nodes: int = 7) -> Graph:
             size = draw(st.sampled_from([0, 4, 8, 12, 16, 32]))
             tensors.append(Tensor(f"t{v}.{j}", size, v, tuple(sorted(sinks)),
                                   draw(st.booleans()) and draw(st.booleans())))
-    return Graph([f"op{v}" for v in range(n)], tensors)
-
-
-def layered_graph(seed: int, layers: int = 6, width: int = 6) -> Graph:
-    """A random layered DAG whose greedy order is not provably optimal (a gap to fill)."""
-    rng = random.Random(seed)
-    n = layers * width
-    tensors = []
-    for v in range(n):
-        layer = v // width
-        sinks: tuple[int, ...] = ()
-        if layer < layers - 1:
-            sinks = tuple(sorted(rng.sample(range((layer + 1) * width,
-                                                  min(n, (layer + 3) * width)),
-                                            rng.randint(1, 3))))
-        tensors.append(Tensor(f"t{v}", rng.randint(1, 20) * 256, v, sinks,
-                              layer == layers - 1))
     return Graph([f"op{v}" for v in range(n)], tensors)
 
 
@@ -258,7 +240,7 @@ def test_cpsat_and_highs_agree(g: Graph) -> None:
 
 @pytest.mark.parametrize("solver", ["cpsat", "highs"])
 def test_ilp_improves_a_layered_graph_and_reports_progress(solver: str) -> None:
-    g = layered_graph(3, layers=5, width=4)
+    g = layered(3, layers=5, width=4)
     seen = []
     r = optimize_order(g, time_limit=20, solver=solver, progress=seen.append)
     check_order(g, r.order, r.peak)
@@ -270,7 +252,7 @@ def test_ilp_improves_a_layered_graph_and_reports_progress(solver: str) -> None:
 
 
 def test_tiny_time_limit_returns_the_greedy_order_unproven() -> None:
-    g = layered_graph(1)
+    g = layered(1)
     r = optimize_order(g, time_limit=0.1)
     check_order(g, r.order, r.peak)
     assert r.method == "greedy" and r.status == "greedy" and not r.optimal
@@ -278,7 +260,7 @@ def test_tiny_time_limit_returns_the_greedy_order_unproven() -> None:
 
 
 def test_windows_keep_the_order_valid_and_never_worse() -> None:
-    g = layered_graph(3, layers=8, width=4)
+    g = layered(3, layers=8, width=4)
     r = optimize_order(g, time_limit=5, window=12, whole_graph_vars=0)
     check_order(g, r.order, r.peak)
     assert r.method == "windows"
@@ -286,7 +268,7 @@ def test_windows_keep_the_order_valid_and_never_worse() -> None:
 
 
 def test_segment_graph_reproduces_the_memory_of_its_steps() -> None:
-    g = layered_graph(2, layers=8, width=5)
+    g = layered(2, layers=8, width=5)
     order = greedy_order(g)
     profile = g.profile(order)
     for a, b in ((0, 10), (7, 23), (25, 40)):

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import statistics
+import subprocess
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.table import Table
 
 from membudget.sim.budgets import BudgetLimits
 from membudget.sim.simulate import SimResult
+
+
+def git_state(root: Path) -> str:
+    """Which code a benchmark ran: the commit of the repository at ``root``, and whether its
+    ``src/`` had uncommitted changes (results files record it)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                              capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=root,
+                               text=True, capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown commit"
+    return f"commit {head}" + (" with uncommitted changes under src/" if dirty else "")
 
 
 def cell(r: SimResult) -> str:

@@ -10,6 +10,7 @@ source's step to its last sink's step (to the end of the step if the program sti
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import reduce
@@ -179,6 +180,24 @@ class Graph:
                                        r.only(t.src))
             acc += t.size * np.unpackbits(after, count=self.n).astype(np.int64)
         return self.leaf_bytes + int(acc.max())
+
+
+def layered(seed: int, layers: int = 6, width: int = 6) -> Graph:
+    """A random layered DAG (each tensor feeds 1-3 nodes of the next two layers): small
+    graphs whose greedy order is not provably optimal, for tests and benchmarks."""
+    rng = random.Random(seed)
+    n = layers * width
+    tensors = []
+    for v in range(n):
+        layer = v // width
+        sinks: tuple[int, ...] = ()
+        if layer < layers - 1:
+            sinks = tuple(sorted(rng.sample(range((layer + 1) * width,
+                                                  min(n, (layer + 3) * width)),
+                                            rng.randint(1, 3))))
+        tensors.append(Tensor(f"t{v}", rng.randint(1, 20) * 256, v, sinks,
+                              layer == layers - 1))
+    return Graph([f"op{v}" for v in range(n)], tensors, name=f"layered {layers}x{width} #{seed}")
 
 
 class Reach:
