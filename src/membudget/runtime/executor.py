@@ -19,7 +19,7 @@ import torch
 
 from membudget.core.executor import Executor
 from membudget.core.records import ComputePath, Storage, Tensor
-from membudget.runtime.flat import Spec, flatten_result, unflatten
+from membudget.runtime.flat import NO_KWARGS, Spec, flatten_result, unflatten
 
 
 class Slot:
@@ -109,7 +109,6 @@ class RestoredRng:
 
 
 OpTimer = Callable[[Any, tuple, dict, Any], float]
-_NO_KWARGS: dict[str, Any] = {}  # shared, never written
 _FIRST = (0,)  # the outputs of an op that returns one tensor
 
 
@@ -139,7 +138,7 @@ class TorchExecutor(Executor):
         if call.spec is None:
             t0 = perf_counter_ns()
             out = op(*leaves)
-            args, kwargs = leaves, _NO_KWARGS
+            args, kwargs = leaves, NO_KWARGS
         else:
             args, kwargs = unflatten(leaves, call.spec)
             t0 = perf_counter_ns()

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 Spec = tuple | None  # (per-arg layout, kwarg names, per-kwarg layout), or None: args as is
+NO_KWARGS: dict[str, Any] = {}  # the kwargs of a call without any: shared, never written
 
 
 def _expand(x: Any, leaves: list[Any]) -> Any:

@@ -38,13 +38,12 @@ from membudget.runtime import ddp
 from membudget.runtime.classify import OpInfo, op_info
 from membudget.runtime.device_memory import DeviceMeter
 from membudget.runtime.executor import OpCall, OpTimer, Slot, TorchExecutor, slot
-from membudget.runtime.flat import flatten, unflatten_result
+from membudget.runtime.flat import NO_KWARGS, flatten, unflatten_result
 from membudget.runtime.recording import Recording
 from membudget.runtime.tensor import Ref, RematTensor, value_of, wrap
 from membudget.units import parse_bytes
 
 aten = torch.ops.aten
-_NO_KWARGS: dict[str, Any] = {}  # shared, never written
 
 
 @dataclass
@@ -309,7 +308,7 @@ class Session(ContextDecorator):
             return func(*args, **(kwargs or {}))
         busy, self._busy = self._busy, True
         try:
-            return self._dispatch(func, info, args, kwargs or _NO_KWARGS)
+            return self._dispatch(func, info, args, kwargs or NO_KWARGS)
         except OutOfBudget as e:
             raise BudgetTooSmallError.from_oob(e) from None
         finally:
