@@ -5,12 +5,11 @@ that the plain and in-session numbers of a repetition share the machine's noise:
 
 1. **Per-op overhead.** A loop of N tiny ops (``y = y + 1.0`` on 8 floats; ``torch.mm(y, q)`` with
    a 16×16 orthogonal ``q``) timed plain and inside ``membudget.budget("1 GiB", policy)``, a
-   budget nothing comes close to, so the extra time is the dispatch mode, the engine's
-   bookkeeping and the garbage collector (never eviction or recomputation). Read "overhead"
-   as the fixed cost the session adds to every aten op; "GC off" repeats the in-session loop
-   with Python's garbage collector disabled, to separate the runtime's own work from the
-   cyclic collector walking the objects the session keeps ("GC objects kept/op": objects the
-   collector tracks that one op leaves behind until the session ends).
+   budget nothing comes close to, so the extra time is the dispatch mode and the engine's
+   bookkeeping (never eviction or recomputation). Read "overhead" as the fixed cost the
+   session adds to every aten op. Each time includes entering and leaving the session and a
+   ``gc.collect()`` after it, so that nothing the session defers (it pauses the cyclic
+   collector while it runs) escapes the measurement.
 2. **A GPT-2 training step** (forward + backward, random init, dropout on, labels = inputs).
    Plain eager first (the reference loss and gradients), then the session's peak without a
    constraint (budget 10^11 B, dtr), then each policy at that budget and at 1.0, 0.5 and 0.3
@@ -140,60 +139,34 @@ class _FloorMode(TorchDispatchMode):
 
 
 def floor_loop(loop: OpLoop, n: int) -> float:
-    """µs per op of ``loop(n)`` inside the bare wrapper mode."""
+    """µs per op of ``loop(n)`` inside the bare wrapper mode (timed as ``time_loop`` does)."""
     gc.collect()
+    t0 = time.perf_counter()
     with _FloorMode():
-        t0 = time.perf_counter()
         loop(n)
-        dt = time.perf_counter() - t0
-    return dt / n * 1e6
-
-
-def full_collections() -> int:
-    return gc.get_stats()[2]["collections"]
-
-
-def time_loop(loop: OpLoop, n: int, policy: str | None,
-              gc_off: bool = False) -> tuple[float, SessionStats | None, int]:
-    """µs per op of ``loop(n)``, plain (policy None) or inside a session (whose entry and
-    exit are outside the timed region), its stats, and the full (generation-2) garbage
-    collections that ran during the loop."""
     gc.collect()
-    if gc_off:
-        gc.disable()
-    try:
-        if policy is None:
-            full = full_collections()
-            t0 = time.perf_counter()
-            loop(n)
-            dt = time.perf_counter() - t0
-            return dt / n * 1e6, None, full_collections() - full
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def time_loop(loop: OpLoop, n: int, policy: str | None) -> tuple[float, SessionStats | None]:
+    """µs per op of ``loop(n)``, plain (policy None) or inside a session, and its stats.
+
+    The time runs from before the session starts to after it has ended and one
+    ``gc.collect()`` has run (the plain loop is followed by one too): a session pauses the
+    cyclic collector and frees its records when it closes, so that work is charged to it
+    here rather than to whatever runs next. ``measure_ops`` freezes the heap around the
+    measurement, so each collection walks only what the loop left behind."""
+    gc.collect()
+    t0 = time.perf_counter()
+    if policy is None:
+        loop(n)
+        stats = None
+    else:
         with membudget.budget(OP_BUDGET, policy) as session:
-            full = full_collections()
-            t0 = time.perf_counter()
             loop(n)
-            dt = time.perf_counter() - t0
-            full = full_collections() - full
-        return dt / n * 1e6, session.stats, full
-    finally:
-        if gc_off:
-            gc.enable()
-
-
-def objects_kept(loop: OpLoop, n: int, policy: str) -> tuple[float, float]:
-    """GC-tracked objects one op leaves alive while the session lasts, and the time of one
-    full ``gc.collect()`` at the end of the loop (ms), still inside the session."""
-    with membudget.budget(OP_BUDGET, policy):
-        gc.collect()
-        before = len(gc.get_objects())
-        y = loop(n)
-        gc.collect()
-        after = len(gc.get_objects())
-        t0 = time.perf_counter()
-        gc.collect()
-        collect_ms = (time.perf_counter() - t0) * 1e3
-        del y
-    return (after - before) / n, collect_ms
+        stats = session.stats
+    gc.collect()
+    return (time.perf_counter() - t0) / n * 1e6, stats
 
 
 def empty_session_us(policy: str, reps: int) -> tuple[float, str]:
@@ -219,11 +192,7 @@ class OpRow:
     plain: list[float] = field(default_factory=list)
     floor: list[float] = field(default_factory=list)
     session: list[float] = field(default_factory=list)
-    session_gc_off: list[float] = field(default_factory=list)
     engine_ops: list[int] = field(default_factory=list)
-    full_gcs: list[int] = field(default_factory=list)
-    kept: float = 0.0
-    collect_ms: float = 0.0
 
 
 def measure_ops(policies: Sequence[str], n: int,
@@ -235,26 +204,27 @@ def measure_ops(policies: Sequence[str], n: int,
         for policy in policies:
             time_loop(loop, max(n // 10, 50), policy)
     rows = {(name, p): OpRow(name, p) for name in loops for p in policies}
-    for (name, policy), row in rows.items():
-        row.kept, row.collect_ms = objects_kept(loops[name][1], n, policy)
-    for rep in range(reps):
-        for name, (_, loop) in loops.items():
-            plain, _, _ = time_loop(loop, n, None)
-            floor = floor_loop(loop, n)
-            for policy in policies:
-                row = rows[name, policy]
-                row.plain.append(plain)
-                row.floor.append(floor)
-                us, stats, full = time_loop(loop, n, policy)
-                row.session.append(us)
-                row.full_gcs.append(full)
-                assert stats is not None
-                row.engine_ops.append(stats.ops)
-                row.session_gc_off.append(time_loop(loop, n, policy, gc_off=True)[0])
-        log(f"  rep {rep + 1}/{reps}: " + "; ".join(
-            f"{r.op}/{r.policy} {r.plain[-1]:.1f} (bare {r.floor[-1]:.1f}) → "
-            f"{r.session[-1]:.1f} µs/op"
-            for r in rows.values()))
+    gc.collect()
+    gc.freeze()  # the process's own objects (torch, transformers, ...): no collection walks them
+    try:
+        for rep in range(reps):
+            for name, (_, loop) in loops.items():
+                plain, _ = time_loop(loop, n, None)
+                floor = floor_loop(loop, n)
+                for policy in policies:
+                    row = rows[name, policy]
+                    row.plain.append(plain)
+                    row.floor.append(floor)
+                    us, stats = time_loop(loop, n, policy)
+                    row.session.append(us)
+                    assert stats is not None
+                    row.engine_ops.append(stats.ops)
+            log(f"  rep {rep + 1}/{reps}: " + "; ".join(
+                f"{r.op}/{r.policy} {r.plain[-1]:.1f} (bare {r.floor[-1]:.1f}) → "
+                f"{r.session[-1]:.1f} µs/op"
+                for r in rows.values()))
+    finally:
+        gc.unfreeze()
     return list(rows.values()), {name: desc for name, (desc, _) in loops.items()}
 
 
@@ -262,27 +232,22 @@ def ops_markdown(rows: Sequence[OpRow], descs: dict[str, str], n: int, reps: int
                  empty: dict[str, tuple[float, str]]) -> list[str]:
     lines = [f"Each cell: median over {reps} repetitions of a {n}-op loop (µs per op). "
              f"Budget {OP_BUDGET}: no eviction happens, so the overhead is pure bookkeeping. "
-             "\"full GCs/loop\": generation-2 collections that ran during the timed in-session "
-             "loop (GC on); \"full GC ms\": one `gc.collect()` inside the session after the "
-             "loop. \"bare wrapper mode\": the same loop in a dispatch mode that only unwraps "
-             "the inputs, runs the op and wraps its output (PyTorch's own cost of this design, "
-             "with no engine); its overhead is part of the session's.", "",
+             "Each time runs from before the session starts to after it has ended and one "
+             "`gc.collect()` has run (the plain and bare loops are followed by one too), with "
+             "the process's older objects frozen: the session pauses the cyclic collector "
+             "while it runs, and what that defers is charged to it. \"bare wrapper mode\": the "
+             "same loop in a dispatch mode that only unwraps the inputs, runs the op and wraps "
+             "its output (PyTorch's own cost of this design, with no engine); its overhead is "
+             "part of the session's.", "",
              "| op | policy | plain µs/op | bare wrapper mode µs/op | in session µs/op | "
-             "overhead µs/op | of which bare mode | × plain | "
-             "in session, GC off µs/op | full GCs/loop | full GC ms | GC objects kept/op | "
-             "engine ops/loop |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "overhead µs/op | of which bare mode | × plain | engine ops/loop |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         plain, sess, bare = median(r.plain), median(r.session), median(r.floor)
         lines.append(f"| {descs[r.op]} | {r.policy} | {plain:.2f} | {bare:.2f} | {sess:.2f} | "
                      f"{sess - plain:.2f} | {bare - plain:.2f} | {sess / plain:.1f} | "
-                     f"{median(r.session_gc_off):.2f} | {span(r.full_gcs)} | "
-                     f"{r.collect_ms:.0f} | {r.kept:.1f} | {span(r.engine_ops)} |")
-    lines += ["", "The GC-on column depends on whether a full collection lands inside the "
-              "timed loop (the collector's thresholds, not the op, decide that): each one walks "
-              "every object of the process, including those the session keeps per op. The "
-              "GC-off column is the runtime's own cost per op.", "",
-              "Entering and leaving a session that runs one op (median µs): "
+                     f"{span(r.engine_ops)} |")
+    lines += ["", "Entering and leaving a session that runs one op (median µs): "
               + ", ".join(f"{p} {us:.0f} ({pool} pool)" for p, (us, pool) in empty.items())
               + "."]
     return lines

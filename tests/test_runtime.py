@@ -223,6 +223,29 @@ def test_a_budget_too_small_names_the_op_and_leaves_the_process_usable():
     assert_same(model, loss, ref)
 
 
+def test_a_session_pauses_the_cyclic_collector_and_leaves_it_as_it_found_it():
+    x = torch.arange(4.0)
+    assert gc.isenabled()
+    gc.freeze()  # the program's own frozen objects stay frozen (the session never unfreezes)
+    frozen = gc.get_freeze_count()
+    try:
+        with membudget.budget("1 MiB"):
+            assert not gc.isenabled()
+            y = x * 2.0
+        assert gc.isenabled() and gc.get_freeze_count() == frozen
+        with pytest.raises(BudgetTooSmallError), membudget.budget(8):
+            x * 2.0
+        assert gc.isenabled() and gc.get_freeze_count() == frozen
+        gc.disable()  # a program that runs without the collector keeps it off
+        with membudget.budget("1 MiB"):
+            y = y + 1.0
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    assert y.tolist() == [1.0, 3.0, 5.0, 7.0]
+
+
 def test_no_grad_autograd_grad_accumulation_and_autocast():
     model, _ = mlp()
     x = torch.randn(64, 32)
