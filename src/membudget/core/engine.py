@@ -72,6 +72,9 @@ class Engine:
         self.inplace = inplace
         self.output_kind = "activation"  # kind given to new storages (the replay sets phases)
         self._ids = 0
+        # storages locked while they were candidates: still in the pool until a search
+        # (_hold_out_locked); a stack, cut back as each _run releases its locks
+        self._locked: list[Storage] = []
         self.allocator.pool = self.pool
         self.policy.attach(self)
 
@@ -143,17 +146,20 @@ class Engine:
                               f"{len(out_alias)} alias entries")
         kind, clock, ids = self.output_kind, self.clock, self._ids
         outputs: list[Tensor] = []
+        # each output is referenced from the start, so nothing frees it on unlock
         for k, nbytes in enumerate(out_bytes):
             alias = -1 if out_alias is None else out_alias[k]
             if alias >= 0:
                 s = inputs[alias].storage
-                t = Tensor(ids + 1, s, path, True)
                 ids += 1
+                t = Tensor(ids, s, path, True)
             else:
                 s = Storage(ids + 1, int(nbytes), kind)
                 s.last_access = clock
-                t = Tensor(ids + 2, s, path, False)
                 ids += 2
+                t = Tensor(ids, s, path, False)
+            t.ext_refs = 1
+            s.ext_refs += 1
             s.tensors.append(t)
             outputs.append(t)
         for i in path.mutated:  # a version has the size, kind and pinning of the old value
@@ -161,14 +167,12 @@ class Engine:
             s = Storage(ids + 1, old.nbytes, old.kind)
             s.pinned = old.pinned
             s.last_access = clock
-            t = Tensor(ids + 2, s, path, False)
             ids += 2
+            t = Tensor(ids, s, path, False)
+            t.ext_refs = s.ext_refs = 1
             s.tensors.append(t)
             outputs.append(t)
         self._ids = ids
-        for t in outputs:  # referenced before it runs, so nothing frees them on unlock
-            t.ext_refs += 1
-            t.storage.ext_refs += 1
         path.outputs = outputs
         self._link(path)
 
@@ -186,8 +190,14 @@ class Engine:
         t.ext_refs -= 1
         s = t.storage
         s.ext_refs -= 1
-        if s.ext_refs == 0 and s.locks == 0:
-            self._unreferenced(s)
+        if s.ext_refs or s.locks:
+            return
+        # the program holds no reference into s and no op is using it
+        if not s.children and self.free_dead:
+            self._free(s)
+        elif s.resident and (not s.pinned or not self.keep_released_leaves):
+            self._evict(s)
+            self.stats.eager_evictions += 1
 
     def get_value(self, t: Tensor) -> object:
         """The program reads ``t``: materialize it (recomputing if evicted) and return its data."""
@@ -207,7 +217,7 @@ class Engine:
         n_new = len(outputs) - len(path.mutated)  # the versions come last
         cost = path.cost
         stale = self.pool.stale
-        in_storages: list[Storage] | None = None
+        inputs = path.inputs
         done: list[Storage] = []
         for k, t in enumerate(outputs):
             s = t.storage
@@ -220,10 +230,9 @@ class Engine:
                 stale.append(s)
             if s.pinned:  # never recomputed: its history must not keep its inputs alive
                 continue
-            if in_storages is None:
-                in_storages = list(dict.fromkeys([t.storage for t in path.inputs]))
             parents = s.parents
-            for p in in_storages:
+            for i in inputs:  # each input storage once, in order (parents is an ordered set)
+                p = i.storage
                 if p is s or p in parents:
                     continue
                 parents[p] = None
@@ -246,30 +255,32 @@ class Engine:
         producer as a new frame.
         """
         inputs = path.inputs
+        locked = self._locked
+        mark = len(locked)  # every lock taken from here is released before returning
         clock = self.clock
-        pool = self.pool
-        stale = pool.stale
-        ready = True
-        for t in inputs:  # stamp them (as _stamp does)
+        stale = self.pool.stale
+        for k, t in enumerate(inputs):  # the common case: all defined; stamp and lock them
+            if not t.defined:
+                for u in inputs[:k]:  # not that case: undo the locks (nothing else changed)
+                    u.storage.locks -= 1
+                del locked[mark:]
+                break
             s = t.storage
             s.last_access = clock
+            s.locks += 1
             if s.slot >= 0:
                 stale.append(s)
-            if not t.defined:
-                ready = False
-        if ready:  # the common case: nothing to rematerialize; lock them (as _lock does)
-            for t in inputs:
-                s = t.storage
-                s.locks += 1
-                if s.slot >= 0:
-                    pool.remove(s)
+                locked.append(s)
+        else:
             try:
                 self._execute(path, remat)
             finally:
                 unlock = self._unlock
                 for t in inputs:
                     unlock(t.storage)
+                del locked[mark:]
             return
+        self._stamp(inputs)
         stack: list[list] = [[path, 0, remat]]
         try:
             while stack:
@@ -301,6 +312,8 @@ class Engine:
                 for t in p.inputs[:i]:
                     self._unlock(t.storage)
             raise
+        finally:
+            del locked[mark:]
 
     def _execute(self, p: ComputePath, remat: bool) -> None:
         """Allocate the outputs of ``p`` (its inputs are locked), run it, account for it.
@@ -315,11 +328,11 @@ class Engine:
             else:
                 (out_bytes, out_alias), p.pending = p.pending, None
             self._outputs(p, out_bytes, out_alias)
-        placed: list[Storage] = []
-        duplicates: list[Storage] = []
         alloc = self.allocator
         writes = p.mutated and not remat
         reused = self._inplace_sources(p) if writes else NOTHING_REUSED
+        placed: list[Storage] = []
+        duplicates: list[Storage] | None = None
         try:
             for t in p.outputs:
                 if t.alias:
@@ -328,37 +341,41 @@ class Engine:
                 if s.resident or s.dead:
                     dup = Storage(-1, s.nbytes, "duplicate")
                     self._allocate(dup, p.op)
+                    if duplicates is None:
+                        duplicates = []
                     duplicates.append(dup)
                     continue
                 old = reused.get(s) if reused else None
-                if old is None:
-                    if not alloc.allocate(s):
-                        self._make_room(s, p.op)
-                else:
+                if old is not None:
                     alloc.transfer(old, s)
+                elif not alloc.allocate(s):
+                    self._make_room(s, p.op)
                 s.resident = True
                 if s.evicted:
                     self._placed(s)
                 s.locks += 1
                 placed.append(s)
-            p.reused = reused
-            cost = self.executor.run(p, remat)
             if writes:
+                p.reused = reused
+                cost = self.executor.run(p, remat)
                 for t in p.versions:
                     t.storage.cost += p.cost
                 p.reused = NOTHING_REUSED
                 for old in reused.values():  # its bytes now hold the new version
                     self._evict(old, freed=False)
+            else:
+                cost = self.executor.run(p, remat)
         finally:
-            for dup in duplicates:
-                alloc.free(dup)
+            if duplicates is not None:
+                for dup in duplicates:
+                    alloc.free(dup)
             for s in placed:
                 self._unlock(s)
-        self.clock += cost
-        for t in p.outputs:  # a resident sibling may have been evicted to make room
-            t.defined = t.storage.resident
+        clock = self.clock = self.clock + cost
         st = self.stats
         if remat:
+            for t in p.outputs:  # a resident sibling may have been evicted to make room
+                t.defined = t.storage.resident
             st.remat_ops += 1
             st.remat_cost += cost
             if st.remat_cost > self.remat_cost_limit:
@@ -366,10 +383,10 @@ class Engine:
         else:
             st.ops += 1
             st.base_cost += cost
-            clock = self.clock
             stale = self.pool.stale
             for t in p.outputs:
                 s = t.storage
+                t.defined = s.resident
                 s.last_access = clock
                 if s.slot >= 0:
                     stale.append(s)
@@ -411,6 +428,7 @@ class Engine:
         st.failed_allocations += 1
         if alloc.capacity:
             st.fragmentation.append(alloc.free_bytes / alloc.capacity)
+        self._hold_out_locked()
         while True:
             if not pool.items:
                 raise OutOfBudget(op=op, request_bytes=alloc.block_bytes(s.nbytes),
@@ -462,14 +480,6 @@ class Engine:
             c.ev_parents += delta
             if c.slot >= 0:
                 stale.append(c)
-
-    def _unreferenced(self, s: Storage) -> None:
-        """The program holds no reference into ``s`` and no op is using it."""
-        if not s.children and self.free_dead:
-            self._free(s)
-        elif s.resident and (not s.pinned or not self.keep_released_leaves):
-            self._evict(s)
-            self.stats.eager_evictions += 1
 
     def _free(self, s: Storage) -> None:
         """Free ``s`` for good, then every ancestor that nothing can need any more."""
@@ -527,7 +537,7 @@ class Engine:
     def _lock(self, s: Storage) -> None:
         s.locks += 1
         if s.slot >= 0:
-            self.pool.remove(s)
+            self._locked.append(s)
 
     def _unlock(self, s: Storage) -> None:
         s.locks -= 1
@@ -535,8 +545,18 @@ class Engine:
             return
         if s.ext_refs == 0 and not s.children and not s.dead and self.free_dead:
             self._free(s)
-        elif s.resident and not s.pinned and s.nbytes > 0 and not s.dead and s.slot < 0:
+        elif s.slot >= 0:  # it stayed in the pool while locked: it re-enters as the latest
+            self.pool.touch(s)
+        elif s.resident and not s.pinned and s.nbytes > 0 and not s.dead:
             self.pool.add(s)
+
+    def _hold_out_locked(self) -> None:
+        """Take the storages locked by running ops out of the pool before a search (a lock
+        leaves a candidate in the pool, since most ops end without any search)."""
+        pool = self.pool
+        for s in self._locked:
+            if s.locks and s.slot >= 0:
+                pool.remove(s)
 
     def _touch(self, s: Storage) -> None:
         s.last_access = self.clock
@@ -557,7 +577,7 @@ class Engine:
         """Evict the storage of ``t`` now, as a policy would; False if it is not a candidate
         (pinned, locked by a running op, not resident, or without history)."""
         s = t.storage
-        if s.slot < 0:
+        if s.slot < 0 or s.locks:
             return False
         self._evict(s)
         self.stats.evictions += 1

@@ -1,7 +1,9 @@
 """The eviction candidates, kept in numpy arrays so that policies score them all at once.
 
 A storage is a candidate while it is resident, unpinned, unlocked, holds bytes and has a
-producer. The engine adds and removes candidates (O(1), swap-remove). The arrays mirror fields
+producer. The engine adds and removes candidates (O(1), swap-remove); a storage locked by a
+running op stays in the pool until a search is about to start (most ops end with none), so
+searches only ever see unlocked ones. The arrays mirror fields
 of the storages and are brought up to date lazily: whoever changes a field a policy reads marks
 the storage stale (``stale.append``), and ``sync()`` writes the stale rows just before a search.
 Between searches an op then costs a list append instead of numpy writes, and a run that never
@@ -66,6 +68,16 @@ class CandidatePool:
         if i == self.cost.shape[0]:
             self._grow()
         items.append(s)
+        self._added += 1
+        s.seq = self._added
+        stale = self.stale
+        stale.append(s)
+        if len(stale) > self.STALE_LIMIT:
+            self.sync()
+
+    def touch(self, s: Storage) -> None:
+        """``s`` re-enters the pool without having left it (a lock that no search saw): it
+        is the latest entrant, exactly as if it had been removed and added again."""
         self._added += 1
         s.seq = self._added
         stale = self.stale
