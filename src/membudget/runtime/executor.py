@@ -147,17 +147,15 @@ class TorchExecutor(Executor):
             cost = call.cost = float(perf_counter_ns() - t0)
         else:
             cost = call.cost = self._cost(call, args, kwargs, out, t0)
-        if isinstance(out, torch.Tensor):  # most ops
-            flat = [out]
+        if isinstance(out, torch.Tensor):  # most ops: the result is its one output
             call.returned_kind = None
             call.outputs = _FIRST
-            result = [out]
+            result = call.result = call.returned = [out]  # run() takes it before it is wrapped
         else:
             flat, call.returned_kind = flatten_result(out)
             call.outputs = [k for k, o in enumerate(flat) if isinstance(o, torch.Tensor)]
-            result = [flat[k] for k in call.outputs]
-        call.result = result
-        call.returned = flat
+            result = call.result = [flat[k] for k in call.outputs]
+            call.returned = flat
         out_bytes, out_alias = _layout(result, real)
         return out_bytes, out_alias, cost
 
@@ -241,15 +239,21 @@ def _layout(tensors: list[torch.Tensor], inputs: list[torch.Tensor]
     """Bytes and aliased input of each output: a view shares its input's storage. Storages
     are compared by identity, not data pointer, which fake and meta tensors do not have (an
     output of 0 bytes aliases nothing)."""
-    owners = [v.untyped_storage()._cdata for v in inputs]
     out_bytes, out_alias = [], []
+    owners = None  # looked up only if some output has bytes
     for o in tensors:
         st = o.untyped_storage()
         nbytes = st.nbytes()
-        where = st._cdata
-        i = owners.index(where) if nbytes and where in owners else -1
+        i = -1
+        if nbytes:
+            if owners is None:
+                owners = [v.untyped_storage()._cdata for v in inputs]
+            where = st._cdata
+            if where in owners:
+                i = owners.index(where)
+                nbytes = 0
         out_alias.append(i)
-        out_bytes.append(0 if i >= 0 else nbytes)
+        out_bytes.append(nbytes)
     return out_bytes, out_alias
 
 
