@@ -312,6 +312,21 @@ def test_a_recorded_live_run_replays_with_the_same_decisions(tmp_path, policy):
         live.evictions, live.remat_ops, live.peak_bytes)
 
 
+def test_a_session_records_its_run_only_when_asked(tmp_path):
+    from membudget.trace import load_trace
+    from membudget.trace.format import CALL
+
+    x = torch.arange(4.0)
+    with membudget.budget("1 MiB") as quiet:
+        (x * 2.0).sum()
+    with pytest.raises(membudget.MembudgetError, match="record=True"):
+        quiet.trace(tmp_path / "none.jsonl.gz")
+    with membudget.budget("1 MiB", record=True) as kept:
+        (x * 2.0).sum()
+    events = load_trace(kept.trace(tmp_path / "kept.jsonl.gz")).events
+    assert [e[2] for e in events if e[0] == CALL] == ["aten.mul.Tensor", "aten.sum.default"]
+
+
 def test_budget_works_as_a_decorator_and_a_session_is_reusable():
     model, loss_fn = mlp()
     state = copy.deepcopy(model.state_dict())

@@ -64,7 +64,7 @@ def record_step(model: torch.nn.Module, batch: Any,
     a program; ``model``'s gradients are set as by a plain step."""
     params = dict(model.named_parameters())
     buffers = [(b, b.clone()) for b in model.buffers()]
-    with Session(UNLIMITED, "dtr") as session:
+    with Session(UNLIMITED, "dtr", record=True) as session:
         session.adopt(params.values())
         loss = loss_fn(model, batch)
         loss.backward()

@@ -97,3 +97,30 @@ class Recording:
 
     def _events(self) -> Iterator[Event]:
         return (self._call_event(*ev[1:]) if ev[0] is _RAW_CALL else ev for ev in self.events)
+
+
+class NotRecording:
+    """The recording of a session that does not record: every event is dropped."""
+
+    def put(self, h: Tensor, kind: str) -> None:
+        pass
+
+    def call(self, op: object, inputs: Sequence[Tensor], outputs: Sequence[Tensor],
+             cost: float) -> None:
+        pass
+
+    def mutation(self, op: object, inputs: Sequence[Tensor], mutated: Sequence[int],
+                 versions: Sequence[Tensor], cost: float) -> None:
+        pass
+
+    def release(self, h: Tensor) -> None:
+        pass
+
+    def get(self, h: Tensor) -> None:
+        pass
+
+    def pin(self, h: Tensor, overwrite: bool = False) -> None:
+        pass
+
+    def phase(self, name: str) -> None:
+        pass

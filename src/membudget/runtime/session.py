@@ -39,7 +39,7 @@ from membudget.runtime.classify import OpInfo, op_info
 from membudget.runtime.device_memory import DeviceMeter
 from membudget.runtime.executor import OpCall, OpTimer, Slot, TorchExecutor, slot
 from membudget.runtime.flat import NO_KWARGS, flatten, unflatten_result
-from membudget.runtime.recording import Recording
+from membudget.runtime.recording import NotRecording, Recording
 from membudget.runtime.tensor import Ref, RematTensor, value_of, wrap
 from membudget.units import parse_bytes
 
@@ -87,7 +87,7 @@ class Session(ContextDecorator):
     """A memory budget for the code inside ``with``; see :func:`membudget.budget`."""
 
     def __init__(self, budget: int | str, policy: str = "dtr-eq", allocator: str | None = None,
-                 inplace: str | None = None, record: str | Path | None = None,
+                 inplace: str | None = None, record: bool | str | Path | None = None,
                  cost: OpTimer | None = None) -> None:
         self.budget_bytes = parse_bytes(budget) if isinstance(budget, str) else int(budget)
         if self.budget_bytes <= 0:
@@ -95,7 +95,7 @@ class Session(ContextDecorator):
         self.policy, self.allocator, self.inplace = policy, allocator, inplace
         self.record = record
         self.cost = cost
-        self.recording = Recording()
+        self.recording = _new_recording(record)
         self.engine: Engine | None = None
         self.stats = SessionStats(self.budget_bytes)
         self._mode: _Mode | None = None
@@ -114,7 +114,7 @@ class Session(ContextDecorator):
         self._held: dict[Tensor, weakref.ref[Ref]] = {}
         self._pending: list[Tensor] = []
         self._busy = False
-        self.recording = Recording()
+        self.recording = _new_recording(self.record)
         self._device = DeviceMeter()
         self._mode = _Mode(self)
         ddp.install(_Mode)
@@ -137,12 +137,16 @@ class Session(ContextDecorator):
             if mode is not None:
                 mode.__exit__(None, None, None)
             self._close()
-        if exc_type is None and self.record is not None:
+        if exc_type is None and isinstance(self.record, (str, Path)):
             self.trace(self.record)
 
     def trace(self, path: str | Path, **header: Any) -> Path:
-        """Write this session's run as a trace the simulator can replay; ``header`` adds to
-        or overrides the trace header's fields (model, batch, ...)."""
+        """Write this session's run as a trace the simulator can replay (the session must
+        record: ``record=True`` or a path); ``header`` adds to or overrides the trace header's
+        fields (model, batch, ...)."""
+        if not isinstance(self.recording, Recording):
+            raise MembudgetError("this session did not record its run; pass record=True (or "
+                                 "record=PATH, written when it ends) to membudget.budget")
         head = {"model": "live", "source": "membudget.budget", "cost_unit": "ns",
                 "cost_source": "measured" if self.cost is None else "predicted",
                 "policy": self.policy,
@@ -441,12 +445,19 @@ def _written_result(func: Any, written: list[Any]) -> Any:
     return tuple(written) if len(returns) > 1 else written
 
 
+def _new_recording(record: bool | str | Path | None) -> Recording | NotRecording:
+    """A session records its run only when asked to: the records of every op would
+    otherwise pile up for as long as the session object lives."""
+    return Recording() if record else NotRecording()
+
+
 def budget(nbytes: int | str, policy: str = "dtr-eq", *, allocator: str | None = None,
-           inplace: str | None = None, record: str | Path | None = None) -> Session:
+           inplace: str | None = None, record: bool | str | Path | None = None) -> Session:
     """A memory budget for PyTorch code: ``with membudget.budget("1.5 GiB"):`` (or as a
     decorator). Tensors made inside are evicted and recomputed as needed to stay within it.
-    ``policy``, ``allocator`` and ``inplace`` take the simulator's names; ``record`` writes
-    the run as a trace when the session ends (or call ``session.trace(path)``)."""
+    ``policy``, ``allocator`` and ``inplace`` take the simulator's names. ``record=True``
+    keeps the run so that ``session.trace(path)`` can write it as a trace; ``record=path``
+    also writes it there when the session ends."""
     return Session(nbytes, policy, allocator, inplace, record)
 
 

@@ -89,7 +89,7 @@ def capture_step(name: str, batch: int | None = None, *, fake: bool = False,
         model = workload.model.train()
         params = [p for p in model.parameters() if p.requires_grad]
         opt = OPTIMIZERS[optimizer](params)
-        with Session(UNLIMITED, "dtr", cost=timer) as session:
+        with Session(UNLIMITED, "dtr", record=path is not None, cost=timer) as session:
             session.adopt(params)
             session.adopt(model.buffers())
             session.adopt(tree_leaves([opt.state[p] for p in params]))
