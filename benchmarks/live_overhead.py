@@ -240,14 +240,20 @@ def ops_markdown(rows: Sequence[OpRow], descs: dict[str, str], n: int, reps: int
              "its output (PyTorch's own cost of this design, with no engine); its overhead is "
              "part of the session's.", "",
              "| op | policy | plain µs/op | bare wrapper mode µs/op | in session µs/op | "
-             "overhead µs/op | of which bare mode | × plain | engine ops/loop |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "overhead µs/op | of which bare mode | × plain | overhead, fastest reps µs/op | "
+             "engine ops/loop |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         plain, sess, bare = median(r.plain), median(r.session), median(r.floor)
         lines.append(f"| {descs[r.op]} | {r.policy} | {plain:.2f} | {bare:.2f} | {sess:.2f} | "
                      f"{sess - plain:.2f} | {bare - plain:.2f} | {sess / plain:.1f} | "
-                     f"{span(r.engine_ops)} |")
-    lines += ["", "Entering and leaving a session that runs one op (median µs): "
+                     f"{min(r.session) - min(r.plain):.2f} | {span(r.engine_ops)} |")
+    lines += ["", "This machine is shared and its speed drifts, by up to 2× within one run: the "
+              "medians carry that drift. \"Overhead, fastest reps\" is the fastest in-session "
+              "repetition minus the fastest plain one, the figure for an undisturbed machine "
+              "(as `timeit` takes the minimum); \"× plain\" is the steadiest figure across "
+              "runs.", "",
+              "Entering and leaving a session that runs one op (median µs): "
               + ", ".join(f"{p} {us:.0f} ({pool} pool)" for p, (us, pool) in empty.items())
               + "."]
     return lines
