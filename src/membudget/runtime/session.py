@@ -123,9 +123,9 @@ class Session(ContextDecorator):
         # collector would only walk the live ones again and again, about 2 µs per op: it is
         # paused while the session runs. Cycles the program makes meanwhile are collected
         # after it (or by an explicit gc.collect()).
-        self._gc_was_enabled = gc.isenabled()
-        gc.disable()
         self._mode.__enter__()
+        self._gc_was_enabled = gc.isenabled()  # set last: nothing after it can fail
+        gc.disable()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
