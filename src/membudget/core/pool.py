@@ -68,16 +68,12 @@ class CandidatePool:
         if i == self.cost.shape[0]:
             self._grow()
         items.append(s)
-        self._added += 1
-        s.seq = self._added
-        stale = self.stale
-        stale.append(s)
-        if len(stale) > self.STALE_LIMIT:
-            self.sync()
+        self.touch(s)
 
     def touch(self, s: Storage) -> None:
-        """``s`` re-enters the pool without having left it (a lock that no search saw): it
-        is the latest entrant, exactly as if it had been removed and added again."""
+        """``s`` becomes the latest entrant, its row stale: what ``add`` does once it has a
+        slot, and all that a lock no search saw needs (as if ``s`` had been removed and added
+        again)."""
         self._added += 1
         s.seq = self._added
         stale = self.stale
