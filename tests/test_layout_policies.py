@@ -209,9 +209,17 @@ def test_copy_on_write_gives_the_new_version_a_fresh_block():
     eng = Engine(1000, "dtr-eq", "best-fit", inplace="cow")
     x = eng.put(100)
     a = eng.apply("f", [x], [100], cost=5)[0]
+    b = eng.apply("g", [a], [100], cost=5)[0]  # may need the old a again
     (new,) = eng.apply("relu_", [a], [], cost=1, mutated=[0])
     assert new.storage.block is not a.storage.block and a.defined
-    assert eng.used_bytes == 300
+    assert eng.used_bytes == 400
+    eng.release(a)  # the caller rebinds its handle: the old a is evicted (b needs it)
+    assert not a.defined and eng.used_bytes == 300
+    # nothing needs `new` once it is written: the write lands in its data, which is evicted
+    # as soon as the op has run; the accounting is copy-on-write's all the same
+    (newer,) = eng.apply("relu_", [new], [], cost=1, mutated=[0])
+    assert newer.storage.block is not new.storage.block and not new.defined
+    assert eng.used_bytes == 300 and eng.peak_bytes == 400 and b.defined
 
 
 def test_inplace_on_a_leaf_that_is_still_needed_falls_back_to_a_copy():

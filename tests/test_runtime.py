@@ -393,6 +393,22 @@ def test_an_inplace_op_reading_what_it_writes():
             assert torch.equal(y.value(), ref)
 
 
+@pytest.mark.parametrize("policy", ["dtr", "coop"])  # copy-on-write; recomputable in-place
+def test_an_inplace_write_copies_the_old_value_only_when_something_may_need_it(policy):
+    x = torch.randn(100)
+    with membudget.budget("1 MiB", policy) as session:
+        y = x * 1.5
+        where = y.value().data_ptr()
+        y.add_(1.0)  # nothing can need the old y: written where it is, by every policy
+        assert y.value().data_ptr() == where
+        z = y * 2.0  # computed from this y, so the next write must leave it recoverable
+        y.mul_(3.0)  # dtr writes a copy; coop writes in place and can recompute the old y
+        assert (y.value().data_ptr() == where) == (policy == "coop")
+        assert session.evict(z)
+        assert torch.equal(z.value(), (x * 1.5 + 1.0) * 2.0)
+        assert torch.equal(y.value(), (x * 1.5 + 1.0) * 3.0)
+
+
 def test_a_write_through_a_shared_view_keeps_what_was_computed_from_the_old_value():
     """A write the engine cannot version (the storage has another live view) pins what was
     computed from the old contents first: evicting it afterwards is refused, and its value

@@ -38,11 +38,13 @@ class Engine:
     DTR family: the fungible pool and copy-on-write).
 
     ``inplace`` says what an op that mutates an input does with memory. "cow" (copy-on-write)
-    gives the new version a fresh block and leaves the old value where it was. "remat"
-    (Coop's recomputable in-place) lets the new version take the old value's block and turns
-    the old value into an evicted version, recomputable from its history; when the old value
-    cannot be recomputed (a leaf) and something may still need it, that op falls back to
-    copy-on-write, since correctness beats memory.
+    gives the new version a fresh block and leaves the old value where it was (the data is
+    copied only when something may still need the old value; otherwise the write lands in
+    the old value's data, which is evicted as soon as the op has run, as its release would
+    have done). "remat" (Coop's recomputable in-place) lets the new version take the old
+    value's block and turns the old value into an evicted version, recomputable from its
+    history; when the old value cannot be recomputed (a leaf) and something may still need
+    it, that op falls back to copy-on-write, since correctness beats memory.
     """
 
     def __init__(self, budget: float, policy: Policy | str = "dtr-eq",
@@ -331,6 +333,7 @@ class Engine:
         alloc = self.allocator
         writes = p.mutated and not remat
         reused = self._inplace_sources(p) if writes else NOTHING_REUSED
+        transfer = reused and self.inplace == "remat"  # the versions take the old blocks
         placed: list[Storage] = []
         duplicates: list[Storage] | None = None
         try:
@@ -345,7 +348,7 @@ class Engine:
                         duplicates = []
                     duplicates.append(dup)
                     continue
-                old = reused.get(s) if reused else None
+                old = reused.get(s) if transfer else None
                 if old is not None:
                     alloc.transfer(old, s)
                 elif not alloc.allocate(s):
@@ -361,8 +364,10 @@ class Engine:
                 for t in p.versions:
                     t.storage.cost += p.cost
                 p.reused = NOTHING_REUSED
-                for old in reused.values():  # its bytes now hold the new version
-                    self._evict(old, freed=False)
+                for old in reused.values():  # its data, or its bytes, are the new version's now
+                    self._evict(old, freed=not transfer)
+                    if not transfer:  # the eager eviction that its release would have made
+                        self.stats.eager_evictions += 1
             else:
                 cost = self.executor.run(p, remat)
         finally:
@@ -392,20 +397,23 @@ class Engine:
                     stale.append(s)
 
     def _inplace_sources(self, p: ComputePath) -> dict[Storage, Storage]:
-        """New version -> old value, for the writes of ``p`` whose new version may take the
-        old value's block: in "remat" mode, when the old value is recomputable, or when
-        nothing (no dependent, no other reference) can need it any more."""
-        if self.inplace != "remat":
-            return {}
+        """New version -> old value, for the writes of ``p`` that may overwrite the old value:
+        where nothing (no dependent, no other reference) can need it any more, and in "remat"
+        mode also where it is recomputable. In "remat" mode such a version takes the old
+        value's block; in "cow" mode it still gets a block of its own (copy-on-write's
+        accounting), and only the copy of the data is saved."""
+        remat = self.inplace == "remat"
         out: dict[Storage, Storage] = {}
         for i, version in zip(p.mutated, p.versions, strict=True):
             old = p.inputs[i].storage
             new = version.storage
             if not old.resident or old in out.values():
                 continue
-            recomputable = not old.pinned and old.tensors[0].producer is not None
             unneeded = all(c is new for c in old.children) and old.ext_refs <= 1
-            if recomputable or unneeded:
+            if not remat:
+                if unneeded and not old.pinned:
+                    out[new] = old
+            elif unneeded or (not old.pinned and old.tensors[0].producer is not None):
                 out[new] = old
                 self.stats.inplace_reuses += 1
             else:

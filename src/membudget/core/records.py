@@ -105,8 +105,8 @@ class ComputePath:
     """How some tensors were computed: the op, its input tensors, its outputs and its cost.
 
     ``mutated`` lists the inputs the op writes; their new versions are the last outputs.
-    ``reused`` maps, while the op first runs, each new version that took its old value's
-    block to that old value's storage (the executor then writes in place).
+    ``reused`` maps, while the op first runs, each new version whose write may overwrite its
+    old value to that old value's storage (the executor then writes in place).
     """
 
     __slots__ = ("cost", "id", "inputs", "mutated", "op", "outputs", "pending", "reused")

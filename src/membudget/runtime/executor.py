@@ -5,7 +5,8 @@ resident. A new op first runs in ``probe`` (the engine needs its output sizes to
 so ``run`` then only stores that result; a recomputation rebuilds the op's arguments from the
 current values, restores the RNG state the op first ran with, and writes the outputs the
 engine placed. In-place ops write their new version into the old value's
-tensor when the engine handed them its block, and into a copy otherwise (copy-on-write).
+tensor when the engine lets them (it handed them its block, or nothing can need the old value
+any more), and into a copy otherwise (copy-on-write).
 """
 
 from __future__ import annotations
