@@ -13,10 +13,13 @@ that the plain and in-session numbers of a repetition share the machine's noise:
 2. **A GPT-2 training step** (forward + backward, random init, dropout on, labels = inputs).
    Plain eager first (the reference loss and gradients), then the session's peak without a
    constraint (budget 10^11 B, dtr), then each policy at that budget and at 1.0, 0.5 and 0.3
-   of the dtr peak, in rounds that each run every row once (so eager and in-session steps
-   interleave). "vs eager" is the median in-session step time over the median eager step
-   time: above 1 is slower. "loss/grads = eager" says whether every repetition's loss and
-   gradients were bitwise equal to the eager ones (they must be: recomputation is exact).
+   of the dtr peak, in rounds that each run every row once beside an eager step of its own.
+   "vs eager" is the median over the rounds of each in-session step time over its eager
+   partner's: above 1 is slower. "runtime's own work" is the time the session spends on
+   its own bookkeeping in a step, measured inside it (ops, recomputation and the freeing
+   of memory, which eager does too, left out). "loss/grads = eager" says whether every
+   repetition's loss and gradients were bitwise equal to the eager ones (they must be:
+   recomputation is exact).
    "too small" means the budget raised ``BudgetTooSmallError``; the cell gives the op that
    failed and what the error said it needed at that moment (a lower bound for the step).
    Each policy runs with its own default pool (coop: two-sided). Before the timed rounds, a
@@ -52,7 +55,7 @@ import membudget
 from membudget import BudgetTooSmallError
 from membudget.bench.report import git_state
 from membudget.core.policies import POLICIES
-from membudget.runtime.session import SessionStats
+from membudget.runtime.session import Session, SessionStats
 from membudget.runtime.tensor import value_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -261,16 +264,84 @@ def ops_markdown(rows: Sequence[OpRow], descs: dict[str, str], n: int, reps: int
 
 # ---------------------------------------------------------------------------- GPT-2 step
 @dataclass
+class Step:
+    """One timed step: wall and process CPU seconds, and for a session step the seconds the
+    runtime spent on its own work (see ``TimedSession``)."""
+
+    wall: float
+    cpu: float
+    own: float = 0.0
+
+
+@dataclass
 class StepRow:
-    policy: str  # "eager" for the plain rows
+    policy: str  # "eager" for the plain row
     budget: int | None = None
     ratio: str = ""
-    times: list[float] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    paired: list[Step] = field(default_factory=list)  # the eager step beside each of steps
     stats: list[SessionStats] = field(default_factory=list)
     loss_equal: list[bool] = field(default_factory=list)
     grads_equal: list[bool] = field(default_factory=list)
     failure: str | None = None
     scanned: bool = False  # the smallest ratio the scan completed, not a listed one
+
+
+class TimedSession(Session):
+    """A session that also times its work: entering, leaving, every op it dispatches, every
+    wrapper it releases and every value it reads, and within that the freeing of tensors'
+    memory (``executor.drop``, which eager pays too, when its own references go). That time
+    less the ops' own run time (``op_seconds``), recomputation and freeing is the runtime's
+    own work, a figure the machine's drift disturbs far less than a difference of two step
+    times."""
+
+    def __init__(self, budget: int, policy: str) -> None:
+        super().__init__(budget, policy)
+        self.inside_ns = self.free_ns = 0
+        self._inside = False
+
+    def _timed(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, its time counted unless it runs within other counted work."""
+        if self._inside:
+            return fn(*args)
+        self._inside = True
+        t0 = time.perf_counter_ns()
+        try:
+            return fn(*args)
+        finally:
+            self.inside_ns += time.perf_counter_ns() - t0
+            self._inside = False
+
+    def _enter_timing_drops(self) -> TimedSession:
+        super().__enter__()
+        drop = self.executor.drop
+
+        def timed_drop(storage: Any) -> None:
+            t = time.perf_counter_ns()
+            drop(storage)
+            self.free_ns += time.perf_counter_ns() - t
+
+        self.executor.drop = timed_drop  # type: ignore[method-assign]
+        return self
+
+    def __enter__(self) -> TimedSession:
+        return self._timed(self._enter_timing_drops)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._timed(super().__exit__, *exc)
+
+    def dispatch(self, func: Any, args: tuple, kwargs: dict | None) -> Any:
+        return self._timed(super().dispatch, func, args, kwargs)
+
+    def release(self, handle: Any) -> None:
+        self._timed(super().release, handle)
+
+    def read(self, handle: Any) -> torch.Tensor:
+        return self._timed(super().read, handle)
+
+    def own_seconds(self) -> float:
+        st = self.stats
+        return (self.inside_ns - self.free_ns) / 1e9 - st.op_seconds - st.remat_seconds
 
 
 def build_gpt2(quick: bool) -> tuple[torch.nn.Module, torch.Tensor, str]:
@@ -324,24 +395,24 @@ def same_grads(model: torch.nn.Module, ref: Sequence[torch.Tensor | None]) -> bo
     return True
 
 
-def eager_step(model: torch.nn.Module, ids: torch.Tensor, state: dict) -> tuple[float, Any]:
+def eager_step(model: torch.nn.Module, ids: torch.Tensor, state: dict) -> tuple[Step, Any]:
     reset(model, state)
     gc.collect()
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     loss = step(model, ids)
-    return time.perf_counter() - t0, loss.detach()
+    return Step(time.perf_counter() - t0, time.process_time() - c0), loss.detach()
 
 
 def session_step(model: torch.nn.Module, ids: torch.Tensor, state: dict, budget: int,
-                 policy: str) -> tuple[float, SessionStats, torch.Tensor]:
+                 policy: str) -> tuple[Step, SessionStats, torch.Tensor]:
     """One step inside a session; the time includes entering and leaving it."""
     reset(model, state)
     gc.collect()
-    t0 = time.perf_counter()
-    with membudget.budget(budget, policy) as session:
+    c0, t0 = time.process_time(), time.perf_counter()
+    with TimedSession(budget, policy) as session:
         loss = step(model, ids)
-    dt = time.perf_counter() - t0
-    return dt, session.stats, value_of(loss).detach()
+    timed = Step(time.perf_counter() - t0, time.process_time() - c0, session.own_seconds())
+    return timed, session.stats, value_of(loss).detach()
 
 
 def too_small(e: BudgetTooSmallError) -> str:
@@ -354,28 +425,30 @@ def too_small(e: BudgetTooSmallError) -> str:
 
 
 def run_once(row: StepRow, model: torch.nn.Module, ids: torch.Tensor, state: dict,
-             ref_loss: torch.Tensor, ref_grads: Sequence[torch.Tensor | None]) -> None:
-    """One more repetition of ``row``; a failure marks the row, which is then not retried
-    (a budget that is too small stays too small)."""
+             ref_loss: torch.Tensor, ref_grads: Sequence[torch.Tensor | None]) -> Step | None:
+    """One more repetition of ``row`` (None if it failed); a failure marks the row, which is
+    then not retried (a budget that is too small stays too small)."""
     assert row.budget is not None
     try:
-        dt, stats, loss = session_step(model, ids, state, row.budget, row.policy)
+        timed, stats, loss = session_step(model, ids, state, row.budget, row.policy)
     except BudgetTooSmallError as e:
         row.failure = too_small(e)
         log(f"  {row.policy} @ {row.ratio}: {row.failure}")
-        return
+        return None
     except Exception as e:  # keep the long run going; the table shows what failed
         traceback.print_exc()
         row.failure = f"error: {type(e).__name__}: {str(e)[:120]}"
-        return
-    row.times.append(dt)
+        return None
+    dt = timed.wall
+    row.steps.append(timed)
     row.stats.append(stats)
     row.loss_equal.append(torch.equal(loss, ref_loss))
     row.grads_equal.append(same_grads(model, ref_grads))
     log(f"  {row.policy} @ {row.ratio} ({mb(row.budget)} MB): {dt:.2f} s, "
         f"{stats.evictions} evictions, {stats.remat_ops} remat ops, "
         f"peak {mb(stats.peak_bytes)} MB, loss equal {row.loss_equal[-1]}, "
-        f"grads equal {row.grads_equal[-1]}")
+        f"grads equal {row.grads_equal[-1]}, runtime's own work {timed.own * 1e3:.0f} ms")
+    return timed
 
 
 @dataclass
@@ -394,7 +467,7 @@ def scan_point(model: torch.nn.Module, ids: torch.Tensor, state: dict, peak: int
     point = ScanPoint(ratio)
     budget = int(peak * ratio)
     try:
-        dt, stats, loss = session_step(model, ids, state, budget, policy)
+        timed, stats, loss = session_step(model, ids, state, budget, policy)
     except BudgetTooSmallError as e:
         point.failure = "fragmented" if e.needed_bytes <= e.budget_bytes else "too small"
         log(f"    {ratio:g} ({mb(budget)} MB): {too_small(e)}")
@@ -403,6 +476,7 @@ def scan_point(model: torch.nn.Module, ids: torch.Tensor, state: dict, peak: int
         traceback.print_exc()
         point.failure = f"error: {type(e).__name__}"
         return point
+    dt = timed.wall
     point.seconds, point.evictions, point.remat_ops = dt, stats.evictions, stats.remat_ops
     point.exact = torch.equal(loss, ref_loss) and same_grads(model, ref_grads)
     log(f"    {ratio:g} ({mb(budget)} MB): {dt:.2f} s, {stats.evictions} evictions, "
@@ -452,8 +526,9 @@ def scan_markdown(scans: dict[str, list[ScanPoint]], peak: int) -> list[str]:
 def measure_gpt2(policies: Sequence[str], quick: bool, rounds: int, do_scan: bool,
                  ) -> tuple[list[StepRow], int, int, str, dict[str, list[ScanPoint]]]:
     """Warm up, find the unconstrained peak (and with ``do_scan`` one step of each policy at
-    each ratio of SCAN), then ``rounds`` rounds each running eager and every (policy, budget)
-    once, and a last eager step: the rows share the machine's noise."""
+    each ratio of SCAN), then ``rounds`` rounds each running every (policy, budget) once
+    beside an eager step of its own, the eager step first in even rounds and second in odd
+    ones: each pair shares the machine's noise of its moment, and the order cancels out."""
     model, ids, desc = build_gpt2(quick)
     state = copy.deepcopy(model.state_dict())
     log(f"\n== GPT-2 step: {desc}")
@@ -481,51 +556,68 @@ def measure_gpt2(policies: Sequence[str], quick: bool, rounds: int, do_scan: boo
         rows += [StepRow(policy, int(peak * r), f"{r:.3g}", scanned=flag)
                  for r, flag in sorted(ratios, reverse=True)]
 
-    def eager_once() -> None:
-        dt, loss = eager_step(model, ids, state)
-        eager.times.append(dt)
+    def eager_once() -> Step:
+        timed, loss = eager_step(model, ids, state)
+        eager.steps.append(timed)
         eager.loss_equal.append(torch.equal(loss, ref_loss))
         eager.grads_equal.append(same_grads(model, ref_grads))
-        log(f"  eager: {dt:.2f} s")
+        log(f"  eager: {timed.wall:.2f} s")
+        return timed
 
     for k in range(rounds):
         log(f" round {k + 1}/{rounds}")
-        eager_once()
         for row in rows[1:]:
-            if row.failure is None:
-                run_once(row, model, ids, state, ref_loss, ref_grads)
-    eager_once()
+            if row.failure is not None:
+                continue
+            if k % 2 == 0:
+                plain = eager_once()
+                timed = run_once(row, model, ids, state, ref_loss, ref_grads)
+            else:
+                timed = run_once(row, model, ids, state, ref_loss, ref_grads)
+                plain = eager_once()
+            if timed is not None:
+                row.paired.append(plain)
     return rows, peak, ops, desc, scans
 
 
+def ratios(row: StepRow, of: Callable[[Step], float]) -> list[float]:
+    """Each session step of ``row`` over the eager step beside it."""
+    return [of(a) / of(b) for a, b in zip(row.steps, row.paired, strict=True)]
+
+
 def steps_markdown(rows: Sequence[StepRow]) -> list[str]:
-    eager = median(rows[0].times)
-    lines = ["| policy | budget | budget MB | step s (median) | vs eager | evictions | "
-             "remat ops | remat s (est.) | peak MB | policy search p50 µs | loss = eager | "
-             "grads = eager |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    eager = median([s.wall for s in rows[0].steps])
+    lines = ["| policy | budget | budget MB | step s (median) | vs eager, paired: median "
+             "(range) | CPU vs eager, paired | runtime's own work ms (of eager step) | "
+             "evictions | remat ops | remat s (est.) | peak MB | policy search p50 µs | "
+             "loss = eager | grads = eager |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
 
     def yes(xs: Sequence[bool]) -> str:
         return f"yes ({len(xs)}/{len(xs)})" if all(xs) else f"**NO** ({sum(xs)}/{len(xs)})"
 
     for r in rows:
         if r.policy == "eager":
-            lines.append(f"| eager (no session) | — | — | {eager:.2f} | 1.00 | — | — | — | — | "
-                         f"— | {yes(r.loss_equal)} | {yes(r.grads_equal)} |")
+            lines.append(f"| eager (no session) | — | — | {eager:.2f} | 1.00 | 1.00 | — | — | "
+                         f"— | — | — | — | {yes(r.loss_equal)} | {yes(r.grads_equal)} |")
             continue
         budget_mb = "—" if r.budget == UNCONSTRAINED else mb(r.budget or 0)
         label = "10^11 B" if r.budget == UNCONSTRAINED else f"{r.ratio} × peak"
         if r.scanned:
             label += " (smallest found in the scan)"
-        if not r.times:
+        if not r.steps:
             lines.append(f"| {r.policy} | {label} | {budget_mb} | {r.failure} | — | — | — | — | "
-                         "— | — | — | — |")
+                         "— | — | — | — | — | — |")
             continue
-        t = median(r.times)
+        t = median([s.wall for s in r.steps])
+        wall = ratios(r, lambda s: s.wall)
+        own = median([s.own for s in r.steps])
         note = f" ({r.failure})" if r.failure else ""
         st = r.stats
         lines.append(
-            f"| {r.policy} | {label} | {budget_mb} | {t:.2f}{note} | {t / eager:.2f} | "
+            f"| {r.policy} | {label} | {budget_mb} | {t:.2f}{note} | {median(wall):.2f} "
+            f"({min(wall):.2f}–{max(wall):.2f}) | {median(ratios(r, lambda s: s.cpu)):.2f} | "
+            f"{own * 1e3:.0f} ({own / eager:.1%}) | "
             f"{span([s.evictions for s in st])} | {span([s.remat_ops for s in st])} | "
             f"{median([s.remat_seconds for s in st]):.3f} | "
             f"{mb(median([s.peak_bytes for s in st]))} | "
@@ -546,8 +638,8 @@ def main() -> None:
     ap.add_argument("--op-reps", type=int, default=None,
                     help="repetitions of each op loop (default 9; quick 3)")
     ap.add_argument("--step-reps", type=int, default=None,
-                    help="rounds of GPT-2 steps, each running every row once (default 3; quick "
-                         "5; at least 2); eager gets one more step")
+                    help="rounds of GPT-2 steps, each running every row once beside an eager "
+                         "step of its own (default 5; quick 4; at least 2)")
     ap.add_argument("--no-scan", action="store_true",
                     help="skip the one-step scan of ratios 0.95 … 0.35 (and its timed row)")
     args = ap.parse_args()
@@ -557,7 +649,7 @@ def main() -> None:
         ap.error(f"unknown policies {unknown}; known: {', '.join(sorted(POLICIES))}")
     n_ops = args.ops or (500 if args.quick else 5000)
     op_reps = args.op_reps or (3 if args.quick else 9)
-    step_reps = max(args.step_reps or (5 if args.quick else 3), 2)
+    step_reps = max(args.step_reps or (4 if args.quick else 5), 2)
 
     t_start = time.perf_counter()
     op_rows, descs = measure_ops(policies, n_ops, op_reps)
@@ -592,12 +684,19 @@ def main() -> None:
         "times include entering and leaving the session (handing out the loss and gradients). "
         f"Unconstrained dtr session peak: {mb(peak)} MB over {step_ops:,} aten ops; the ratios "
         f"scale that peak. After a warm-up eager step and a warm-up unconstrained session, "
-        f"{step_reps} rounds each ran one eager step and one step of every session row, in "
-        "table order, and one more eager step closed the run: eager is a median of "
-        f"{step_reps + 1} steps, each session row a median of {step_reps}. "
-        "Evictions and remat ops show a range when the repetitions differ (dtr's heuristic "
-        "reads measured op times). \"remat s (est.)\": recomputation time estimated from the "
-        "recomputed ops' first-run times.", "",
+        f"{step_reps} rounds each ran every session row once, in table order, beside an "
+        "eager step of its own: eager first in even rounds, second in odd ones. \"vs eager, "
+        "paired\" is the median (and range) over the rounds of each session step's time over "
+        "its eager partner's: the two share the machine's speed of that moment, which drifts "
+        "by tens of percent over a run, so this is the figure to read; \"CPU\" does the same "
+        "with the process's CPU time. \"Runtime's own work\" is the time spent inside the "
+        "session's dispatch, entering and leaving, less the ops' own run time, recomputation "
+        "(`op_seconds`, `remat_seconds`) and the freeing of tensors' memory (which eager "
+        "does too, when its references go): what the runtime itself adds to a step, a "
+        "figure the drift disturbs far less (an estimate where the step recomputes). "
+        "Evictions and remat ops show a range when the repetitions differ "
+        "(dtr's heuristic reads measured op times). \"remat s (est.)\": recomputation time "
+        "estimated from the recomputed ops' first-run times.", "",
         *steps_markdown(step_rows), ""]
     if scans:
         lines += ["### Ratio scan", "",

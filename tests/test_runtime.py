@@ -21,6 +21,7 @@ from torch import nn
 
 import membudget
 from membudget import BudgetTooSmallError
+from membudget.runtime.session import Session
 from membudget.runtime.tensor import RematTensor
 
 POLICIES = ["dtr", "dte", "coop"]
@@ -355,6 +356,21 @@ def test_reads_of_evicted_values_recompute_them():
         assert y.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
         assert "10." in repr(y) and float(y.sum()) == 30.0
         assert session.engine.stats.remat_ops >= 5
+
+
+def test_session_stats_add_up_the_time_of_ops_and_of_recomputations():
+    """op_seconds sums the ops' first runs and remat_seconds their recomputations, here with
+    a cost function that charges 1 ms per op (as a cost model of another device would)."""
+    x = torch.arange(6.0)
+    session = Session("1 MiB", cost=lambda *_: 1e-3)
+    with session:
+        y = (x * 2.0).sin()
+        assert session.evict(y)
+        y.sum().item()
+    st = session.stats
+    assert st.ops >= 3 and st.remat_ops >= 1  # mul, sin, sum (and item); sin again
+    assert st.op_seconds == pytest.approx(1e-3 * st.ops)
+    assert st.remat_seconds == pytest.approx(1e-3 * st.remat_ops)
 
 
 def test_what_escapes_a_session_is_a_plain_value_after_it():

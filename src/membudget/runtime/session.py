@@ -48,8 +48,9 @@ aten = torch.ops.aten
 
 @dataclass
 class SessionStats:
-    """What a session did; ``remat_seconds`` is the time spent recomputing, estimated from
-    the recomputed ops' first-run times."""
+    """What a session did. ``op_seconds`` is the time the program's ops took to run (each
+    measured on its first run, or predicted by the session's ``cost`` function), and
+    ``remat_seconds`` the time spent recomputing, estimated from those first-run times."""
 
     budget_bytes: int
     peak_bytes: int = 0
@@ -58,6 +59,7 @@ class SessionStats:
     remat_ops: int = 0
     ops: int = 0
     remat_seconds: float = 0.0
+    op_seconds: float = 0.0
     search_us: dict[str, float] = field(default_factory=dict)
     fragmentation: dict[str, float] = field(default_factory=dict)
     # on a CUDA (or other accelerator) device: the most bytes its caching allocator held
@@ -201,8 +203,8 @@ class Session(ContextDecorator):
             st = eng.stats
             self.stats = SessionStats(
                 self.budget_bytes, eng.peak_bytes, st.evictions, st.eager_evictions,
-                st.remat_ops, st.ops, st.remat_cost / 1e9, st.search_us(),
-                st.fragmentation_summary(), self._device.peak())
+                st.remat_ops, st.ops, st.remat_cost / 1e9, st.base_cost / 1e9,
+                st.search_us(), st.fragmentation_summary(), self._device.peak())
         for ref_of in self._held.values():  # ended with an error: their values are gone
             _detach(ref_of)
         self._held = {}
