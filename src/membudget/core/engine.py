@@ -129,19 +129,21 @@ class Engine:
         for t in inputs:
             if t.storage.dead:
                 raise EngineError(f"{op!r} reads {t!r}, which was freed for good")
-        path = ComputePath(self._next_id(), op, inputs, float(cost), tuple(mutated),
+        self._ids += 1
+        path = ComputePath(self._ids, op, inputs, float(cost), tuple(mutated),
                            None if out_bytes is None else (out_bytes, out_alias))
         # the outputs are made when the op first runs, once its inputs are materialized and
         # locked, whether their sizes are given or probed: a live run and its replay then
         # take exactly the same steps
         path.outputs = None  # type: ignore[assignment]
-        self._run(path, remat=False)
+        self._run(path, False)
         return path.outputs
 
     def _outputs(self, path: ComputePath, out_bytes: Sequence[int],
                   out_alias: Sequence[int] | None) -> None:
-        """Create the output tensors of a new path (each with one program reference): one per
-        entry of ``out_bytes``, then the new version of each mutated input."""
+        """Create the output tensors of a new path (each with one program reference), one per
+        entry of ``out_bytes`` and then the new version of each mutated input, and link
+        them to the path's inputs."""
         op, inputs = path.op, path.inputs
         if out_alias is not None and len(out_alias) != len(out_bytes):
             raise EngineError(f"{op!r}: {len(out_bytes)} output sizes but "
@@ -176,7 +178,39 @@ class Engine:
             outputs.append(t)
         self._ids = ids
         path.outputs = outputs
-        self._link(path)
+        # the storage-level edges, and the path's cost charged to its outputs (to the new
+        # versions of a writing op only once it has run: a live runtime learns that cost by
+        # running it, and a replay must place those versions the same way)
+        n_new = len(outputs) - len(path.mutated)  # the versions come last
+        cost = path.cost
+        stale = self.pool.stale
+        done: list[Storage] = []
+        for k, t in enumerate(outputs):
+            s = t.storage
+            if s in done:  # another view of a storage already linked
+                continue
+            done.append(s)
+            if k < n_new:
+                s.cost += cost
+            if s.slot >= 0:
+                stale.append(s)
+            if s.pinned:  # never recomputed: its history must not keep its inputs alive
+                continue
+            parents = s.parents
+            for i in inputs:  # each input storage once, in order (parents is an ordered set)
+                p = i.storage
+                if p is s or p in parents:
+                    continue
+                parents[p] = None
+                p.children[s] = None
+                if p.evicted:
+                    s.ev_parents += 1
+                    if s.slot >= 0:
+                        stale.append(s)
+                if s.evicted:  # a view of an evicted base gains a parent
+                    p.ev_children += 1
+                    if p.slot >= 0:
+                        stale.append(p)
 
     def retain(self, t: Tensor) -> None:
         """The program took one more reference to ``t`` (a copied handle)."""
@@ -209,44 +243,6 @@ class Engine:
                 raise EngineError(f"{t!r} is not materialized and cannot be recomputed")
             self._run(t.producer, remat=True)
         return self.executor.value(t)
-
-    # ------------------------------------------------------------------ graph
-    def _link(self, path: ComputePath) -> None:
-        """Add the storage-level edges of a new path and charge its cost to its outputs
-        (to the new versions of a writing op only once it has run: a live runtime learns
-        that cost by running it, and a replay must place those versions the same way)."""
-        outputs = path.outputs
-        n_new = len(outputs) - len(path.mutated)  # the versions come last
-        cost = path.cost
-        stale = self.pool.stale
-        inputs = path.inputs
-        done: list[Storage] = []
-        for k, t in enumerate(outputs):
-            s = t.storage
-            if s in done:  # another view of a storage already linked
-                continue
-            done.append(s)
-            if k < n_new:
-                s.cost += cost
-            if s.slot >= 0:
-                stale.append(s)
-            if s.pinned:  # never recomputed: its history must not keep its inputs alive
-                continue
-            parents = s.parents
-            for i in inputs:  # each input storage once, in order (parents is an ordered set)
-                p = i.storage
-                if p is s or p in parents:
-                    continue
-                parents[p] = None
-                p.children[s] = None
-                if p.evicted:
-                    s.ev_parents += 1
-                    if s.slot >= 0:
-                        stale.append(s)
-                if s.evicted:  # a view of an evicted base gains a parent
-                    p.ev_children += 1
-                    if p.slot >= 0:
-                        stale.append(p)
 
     # ------------------------------------------------------------------ running ops
     def _run(self, path: ComputePath, remat: bool) -> None:
@@ -330,6 +326,9 @@ class Engine:
             else:
                 (out_bytes, out_alias), p.pending = p.pending, None
             self._outputs(p, out_bytes, out_alias)
+            if not p.mutated:
+                self._first_run(p)
+                return
         alloc = self.allocator
         writes = p.mutated and not remat
         reused = self._inplace_sources(p) if writes else NOTHING_REUSED
@@ -395,6 +394,38 @@ class Engine:
                 s.last_access = clock
                 if s.slot >= 0:
                     stale.append(s)
+
+    def _first_run(self, p: ComputePath) -> None:
+        """``_execute`` for the commonest case, a new op that writes nothing: its outputs are
+        new storages, so none is resident, dead or a candidate yet, and none needs a lock
+        (nothing can evict them before they join the pool, once the op has run)."""
+        alloc = self.allocator
+        placed: list[Storage] = []
+        try:
+            for t in p.outputs:
+                if not t.alias:
+                    s = t.storage
+                    if not alloc.allocate(s):
+                        self._make_room(s, p.op)
+                    s.resident = True
+                    placed.append(s)
+            cost = self.executor.run(p, False)
+        finally:
+            add = self.pool.add
+            for s in placed:
+                if s.nbytes > 0 and not s.pinned:
+                    add(s)
+        clock = self.clock = self.clock + cost
+        st = self.stats
+        st.ops += 1
+        st.base_cost += cost
+        stale = self.pool.stale
+        for t in p.outputs:
+            s = t.storage
+            t.defined = s.resident
+            s.last_access = clock
+            if s.slot >= 0:
+                stale.append(s)
 
     def _inplace_sources(self, p: ComputePath) -> dict[Storage, Storage]:
         """New version -> old value, for the writes of ``p`` that may overwrite the old value:
@@ -493,6 +524,7 @@ class Engine:
         """Free ``s`` for good, then every ancestor that nothing can need any more."""
         work = [s]
         pool = self.pool
+        frees = 0
         while work:
             s = work.pop()
             if s.dead:
@@ -503,25 +535,33 @@ class Engine:
                 s.resident = False
                 if s.slot >= 0:
                     pool.remove(s)
-            elif s.evicted:
+            elif s.evicted:  # its children are all dead already: only its parents count it
                 self.policy.on_forget(s)
-                s.evicted = False
-                self._count_evicted(s, -1)  # its children are all dead already
             s.dead = True
-            self.stats.frees += 1
+            frees += 1
             for t in s.tensors:
                 t.defined = False
                 t.producer = None  # let the history be garbage-collected
             s.tensors = []  # no cycles left: reference counting frees the records at once
             work.extend(self._detach(s))
+            s.evicted = False
+        self.stats.frees += frees
 
     def _detach(self, s: Storage) -> list[Storage]:
-        """Cut ``s`` from its parents; return those that nothing can need any more."""
+        """Cut ``s`` from its parents (which then no longer count it among their evicted
+        children, if it was); return those that nothing can need any more."""
         parents, s.parents = s.parents, {}
+        evicted = s.evicted
+        stale = self.pool.stale
         orphans = []
         for p in parents:
-            p.children.pop(s, None)
-            if not p.children and p.ext_refs == 0 and p.locks == 0 and not p.dead:
+            children = p.children
+            children.pop(s, None)
+            if evicted:
+                p.ev_children -= 1
+                if p.slot >= 0:
+                    stale.append(p)
+            if not children and p.ext_refs == 0 and p.locks == 0 and not p.dead:
                 orphans.append(p)
         return orphans
 

@@ -90,8 +90,9 @@ class CandidatePool:
             items[i] = last
             last.slot = i
             self.stale.append(last)
-            bound = self.bound
-            bound[i] = bound[len(items)]  # the policy's cache moves with its storage
+            if self.bound_epoch >= 0:  # the policy's cache, once it has one, moves too
+                bound = self.bound
+                bound[i] = bound[len(items)]
 
     def sync(self) -> None:
         """Write the stale rows (every field a policy reads) from their storages."""

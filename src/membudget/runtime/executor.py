@@ -131,8 +131,13 @@ class TorchExecutor(Executor):
     def probe(self, path: ComputePath) -> tuple[list[int], list[int], float]:
         call: OpCall = path.op
         values = self.values
-        real = [values[t.id] for t in path.inputs]
-        leaves = [real[x.index] if type(x) is Slot else x for x in call.leaves]
+        # loops, not comprehensions: on every op, and a comprehension is a call in Python 3.11
+        real = []
+        for t in path.inputs:
+            real.append(values[t.id])
+        leaves = []
+        for x in call.leaves:
+            leaves.append(real[x.index] if type(x) is Slot else x)
         if call.random:
             call.rng = capture_rng(_devices(real), _generators(call.leaves))
         op = call.func._op  # what OpOverload.__call__ calls, without its Python frame
@@ -148,7 +153,7 @@ class TorchExecutor(Executor):
             cost = call.cost = float(perf_counter_ns() - t0)
         else:
             cost = call.cost = self._cost(call, args, kwargs, out, t0)
-        if isinstance(out, torch.Tensor):  # most ops: the result is its one output
+        if type(out) is torch.Tensor:  # most ops: the result is its one output
             call.returned_kind = None
             call.outputs = _FIRST
             result = call.result = call.returned = [out]  # run() takes it before it is wrapped
@@ -248,7 +253,9 @@ def _layout(tensors: list[torch.Tensor], inputs: list[torch.Tensor]
         i = -1
         if nbytes:
             if owners is None:
-                owners = [v.untyped_storage()._cdata for v in inputs]
+                owners = []
+                for v in inputs:  # a loop, not a comprehension (see probe)
+                    owners.append(v.untyped_storage()._cdata)
             where = st._cdata
             if where in owners:
                 i = owners.index(where)

@@ -14,11 +14,14 @@ import torch
 
 Spec = tuple | None  # (per-arg layout, kwarg names, per-kwarg layout), or None: args as is
 NO_KWARGS: dict[str, Any] = {}  # the kwargs of a call without any: shared, never written
+# What the dispatcher hands a mode for a list argument (Tensor[], int[], ...): exact types,
+# so a set lookup replaces isinstance (which costs more, on every argument of every op).
+SEQUENCES = frozenset((list, tuple))
 
 
 def _expand(x: Any, leaves: list[Any]) -> Any:
     """Append the leaves of one argument; return its layout (None: itself a leaf)."""
-    if isinstance(x, (list, tuple)) and any(isinstance(e, torch.Tensor) for e in x):
+    if type(x) in SEQUENCES and any(isinstance(e, torch.Tensor) for e in x):
         leaves.extend(x)
         return (type(x), len(x))
     leaves.append(x)
@@ -28,7 +31,7 @@ def _expand(x: Any, leaves: list[Any]) -> Any:
 def flatten(args: tuple, kwargs: dict) -> tuple[list[Any], Spec]:
     if not kwargs:
         for a in args:
-            if isinstance(a, (list, tuple)):
+            if type(a) in SEQUENCES:
                 break
         else:
             return list(args), None
@@ -59,8 +62,3 @@ def flatten_result(out: Any) -> tuple[list[Any], type | None]:
         return list(out), type(out)
     return [out], None
 
-
-def unflatten_result(leaves: list[Any], kind: type | None) -> Any:
-    if kind is None:
-        return leaves[0]
-    return kind(leaves)

@@ -38,7 +38,7 @@ from membudget.runtime import ddp
 from membudget.runtime.classify import OpInfo, op_info
 from membudget.runtime.device_memory import DeviceMeter
 from membudget.runtime.executor import OpCall, OpTimer, Slot, TorchExecutor, slot
-from membudget.runtime.flat import NO_KWARGS, flatten, unflatten_result
+from membudget.runtime.flat import NO_KWARGS, flatten
 from membudget.runtime.recording import NotRecording, Recording
 from membudget.runtime.tensor import Ref, RematTensor, value_of, wrap
 from membudget.units import parse_bytes
@@ -336,15 +336,16 @@ class Session(ContextDecorator):
         inputs: list[Tensor] = []
         objects: list[Any] = []  # the tensor object behind each input
         for k, x in enumerate(leaves):
-            if isinstance(x, torch.Tensor):
-                if type(x) is RematTensor:
-                    ref = x._ref
-                    h = ref.handle if ref.session is self else self._leaf(self._outside(func, x))
-                else:
-                    h = self._leaf(x)
-                leaves[k] = slot(len(inputs))
-                inputs.append(h)
-                objects.append(x)
+            if type(x) is RematTensor:  # tested first: most inputs are (and it is cheaper)
+                ref = x._ref
+                h = ref.handle if ref.session is self else self._leaf(self._outside(func, x))
+            elif isinstance(x, torch.Tensor):
+                h = self._leaf(x)
+            else:
+                continue
+            leaves[k] = slot(len(inputs))
+            inputs.append(h)
+            objects.append(x)
         call = OpCall(func, leaves, spec, info.random)
         rec = self.recording
         if not info.writes:
@@ -404,7 +405,8 @@ class Session(ContextDecorator):
             ref = Ref(self, h)
             held[h] = weakref.ref(ref)
             flat[k] = wrap(flat[k], ref)
-        return unflatten_result(flat, call.returned_kind)
+        kind = call.returned_kind
+        return flat[0] if kind is None else kind(flat)
 
     def _outside(self, func: Any, x: RematTensor) -> torch.Tensor:
         """The value of a wrapper from a session that ended (a plain tensor here); a wrapper
