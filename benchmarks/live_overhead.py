@@ -173,18 +173,25 @@ def time_loop(loop: OpLoop, n: int, policy: str | None) -> tuple[float, SessionS
 
 
 def empty_session_us(policy: str, reps: int) -> tuple[float, str]:
-    """Entering and leaving a session that runs one op (µs), and the pool the policy uses."""
+    """Entering and leaving a session that runs one op (µs), and the pool the policy uses.
+    The heap is frozen, as in ``measure_ops``: the collection that the collector, running
+    again, may start at once would otherwise walk the whole process."""
     x = torch.zeros(8)
     times = []
     pool = "?"
-    for _ in range(reps):
-        gc.collect()
-        t0 = time.perf_counter()
-        with membudget.budget(OP_BUDGET, policy) as session:
-            _ = x + 1.0
-            if session.engine is not None:
-                pool = session.engine.allocator.name
-        times.append((time.perf_counter() - t0) * 1e6)
+    gc.collect()
+    gc.freeze()
+    try:
+        for _ in range(reps):
+            gc.collect()
+            t0 = time.perf_counter()
+            with membudget.budget(OP_BUDGET, policy) as session:
+                _ = x + 1.0
+                if session.engine is not None:
+                    pool = session.engine.allocator.name
+            times.append((time.perf_counter() - t0) * 1e6)
+    finally:
+        gc.unfreeze()
     return median(times), pool
 
 
