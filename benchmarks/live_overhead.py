@@ -27,7 +27,11 @@ that the plain and in-session numbers of a repetition share the machine's noise:
    the smallest that completes is timed in the rounds as one more row, so that some row
    shows eviction and recomputation.
 
-Run: python benchmarks/live_overhead.py [--quick] [--policies dtr,coop] [--out FILE.md]
+With ``--instructions`` it also counts the instructions per op under valgrind, a figure the
+machine's drifting speed cannot touch.
+
+Run: python benchmarks/live_overhead.py [--quick] [--instructions] [--policies dtr,coop]
+[--out FILE.md]
 """
 
 from __future__ import annotations
@@ -193,6 +197,74 @@ def empty_session_us(policy: str, reps: int) -> tuple[float, str]:
     finally:
         gc.unfreeze()
     return median(times), pool
+
+
+# A child process run under valgrind: n dependent adds, plain, in the bare wrapper mode or in
+# a session. Its instruction count for two n, differenced, is the count per op: a figure this
+# machine's drifting speed cannot touch.
+_ICOUNT_CHILD = """
+import gc, sys
+sys.path.insert(0, {bench!r})
+import torch
+import membudget
+from live_overhead import OP_BUDGET, _FloorMode
+torch.set_num_threads(1)
+variant, n = sys.argv[1], int(sys.argv[2])
+x = torch.zeros(8)
+def loop(k):
+    y = x
+    for _ in range(k):
+        y = y + 1.0
+loop(100)
+if variant == "plain":
+    loop(n)
+elif variant == "bare":
+    with _FloorMode():
+        loop(n)
+else:
+    with membudget.budget(OP_BUDGET, variant):
+        loop(n)
+gc.collect()
+"""
+ICOUNT_OPS = (1000, 3000)
+
+
+def instructions(variant: str) -> int:
+    """Instructions one ``y = y + 1.0`` costs in ``variant`` ("plain", "bare" or a policy),
+    counted by valgrind (the two runs go in parallel)."""
+    import re
+    import subprocess
+
+    code = _ICOUNT_CHILD.format(bench=str(Path(__file__).resolve().parent))
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    runs = [subprocess.Popen(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                              sys.executable, "-c", code, variant, str(n)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env=env) for n in ICOUNT_OPS]
+    counts = []
+    for run in runs:
+        _, err = run.communicate()
+        found = re.search(r"Collected\s*:\s*([\d,]+)", err)
+        if run.returncode or found is None:
+            raise RuntimeError(f"valgrind failed on {variant}: {err[-500:]}")
+        counts.append(int(found.group(1).replace(",", "")))
+    return round((counts[1] - counts[0]) / (ICOUNT_OPS[1] - ICOUNT_OPS[0]))
+
+
+def instructions_markdown(policies: Sequence[str]) -> list[str]:
+    log("\n== instructions per op under valgrind (a few minutes)")
+    counts = {v: instructions(v) for v in ("plain", "bare", *policies)}
+    log("  " + ", ".join(f"{v} {c:,}" for v, c in counts.items()))
+    plain = counts["plain"]
+    lines = ["Instructions per `y = y + 1.0` (8 floats), counted by valgrind's callgrind: the "
+             f"difference of two runs of {ICOUNT_OPS[0]:,} and {ICOUNT_OPS[1]:,} ops, one "
+             "thread, `PYTHONHASHSEED=0` (a session's entry, exit and deferred collection "
+             "included, as above). Unlike the times, these do not drift with the machine.", "",
+             "| run | instructions per op | over plain |", "|---|---:|---:|"]
+    for v, c in counts.items():
+        name = {"plain": "plain", "bare": "bare wrapper mode"}.get(v, f"session, {v}")
+        lines.append(f"| {name} | {c:,} | {c - plain:,} |")
+    return lines
 
 
 @dataclass
@@ -643,10 +715,13 @@ def main() -> None:
     ap.add_argument("--out", default=str(DEFAULT_OUT), help=f"report path (default {DEFAULT_OUT})")
     ap.add_argument("--ops", type=int, default=None, help="ops per loop (default 5000; quick 500)")
     ap.add_argument("--op-reps", type=int, default=None,
-                    help="repetitions of each op loop (default 9; quick 3)")
+                    help="repetitions of each op loop (default 25; quick 3)")
     ap.add_argument("--step-reps", type=int, default=None,
                     help="rounds of GPT-2 steps, each running every row once beside an eager "
                          "step of its own (default 5; quick 4; at least 2)")
+    ap.add_argument("--instructions", action="store_true",
+                    help="also count instructions per op under valgrind (deterministic; a few "
+                         "minutes)")
     ap.add_argument("--no-scan", action="store_true",
                     help="skip the one-step scan of ratios 0.95 … 0.35 (and its timed row)")
     args = ap.parse_args()
@@ -655,13 +730,14 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown policies {unknown}; known: {', '.join(sorted(POLICIES))}")
     n_ops = args.ops or (500 if args.quick else 5000)
-    op_reps = args.op_reps or (3 if args.quick else 9)
+    op_reps = args.op_reps or (3 if args.quick else 25)
     step_reps = max(args.step_reps or (4 if args.quick else 5), 2)
 
     t_start = time.perf_counter()
     op_rows, descs = measure_ops(policies, n_ops, op_reps)
     empty = {p: empty_session_us(p, op_reps) for p in policies}
     t_ops = time.perf_counter() - t_start
+    counted = instructions_markdown(policies) if args.instructions else []
     step_rows, peak, step_ops, desc, scans = measure_gpt2(policies, args.quick, step_reps,
                                                           not args.no_scan)
     wall = time.perf_counter() - t_start
@@ -669,6 +745,7 @@ def main() -> None:
     import transformers
 
     cmd = "python benchmarks/live_overhead.py" + (" --quick" if args.quick else "")
+    cmd += " --instructions" if args.instructions else ""
     if args.policies != "dtr,coop":
         cmd += f" --policies {args.policies}"
     lines = [
@@ -682,6 +759,7 @@ def main() -> None:
         f"Wall time: {wall:.0f} s ({t_ops:.0f} s for the op loops).", "",
         "## Per-op overhead", "",
         *ops_markdown(op_rows, descs, n_ops, op_reps, empty), "",
+        *([*counted, ""] if counted else []),
         "## GPT-2 training step", "",
         f"{desc}. Pools: "
         + ", ".join(f"{p} {pool}" for p, (_, pool) in empty.items())
