@@ -314,21 +314,43 @@ class Engine:
             del locked[mark:]
 
     def _execute(self, p: ComputePath, remat: bool) -> None:
-        """Allocate the outputs of ``p`` (its inputs are locked), run it, account for it.
-
-        An output that is still resident, or dead, is produced again all the same, so its
-        bytes are held by a temporary duplicate while the op runs (as a real recompute would).
-        With recomputable in-place, a new version takes its old value's block (see ``apply``).
-        """
+        """Allocate the outputs of ``p`` (its inputs are locked), run it, account for it."""
         if p.outputs is None:
             if p.pending is None:
                 out_bytes, out_alias, p.cost = self.executor.probe(p)
             else:
                 (out_bytes, out_alias), p.pending = p.pending, None
             self._outputs(p, out_bytes, out_alias)
-            if not p.mutated:
-                self._first_run(p)
-                return
+            cost = self._run_new(p) if not p.mutated else self._place_and_run(p, remat)
+        else:
+            cost = self._place_and_run(p, remat)
+        clock = self.clock = self.clock + cost
+        st = self.stats
+        if remat:
+            for t in p.outputs:  # a resident sibling may have been evicted to make room
+                t.defined = t.storage.resident
+            st.remat_ops += 1
+            st.remat_cost += cost
+            if st.remat_cost > self.remat_cost_limit:
+                raise Thrashed(st.remat_cost, self.remat_cost_limit)
+        else:
+            st.ops += 1
+            st.base_cost += cost
+            stale = self.pool.stale
+            for t in p.outputs:
+                s = t.storage
+                t.defined = s.resident
+                s.last_access = clock
+                if s.slot >= 0:
+                    stale.append(s)
+
+    def _place_and_run(self, p: ComputePath, remat: bool) -> float:
+        """Place the outputs of ``p`` and run it; return its cost (``_execute``'s general case).
+
+        An output that is still resident, or dead, is produced again all the same, so its
+        bytes are held by a temporary duplicate while the op runs (as a real recompute would).
+        With recomputable in-place, a new version takes its old value's block (see ``apply``).
+        """
         alloc = self.allocator
         writes = p.mutated and not remat
         reused = self._inplace_sources(p) if writes else NOTHING_REUSED
@@ -375,29 +397,11 @@ class Engine:
                     alloc.free(dup)
             for s in placed:
                 self._unlock(s)
-        clock = self.clock = self.clock + cost
-        st = self.stats
-        if remat:
-            for t in p.outputs:  # a resident sibling may have been evicted to make room
-                t.defined = t.storage.resident
-            st.remat_ops += 1
-            st.remat_cost += cost
-            if st.remat_cost > self.remat_cost_limit:
-                raise Thrashed(st.remat_cost, self.remat_cost_limit)
-        else:
-            st.ops += 1
-            st.base_cost += cost
-            stale = self.pool.stale
-            for t in p.outputs:
-                s = t.storage
-                t.defined = s.resident
-                s.last_access = clock
-                if s.slot >= 0:
-                    stale.append(s)
+        return cost
 
-    def _first_run(self, p: ComputePath) -> None:
-        """``_execute`` for the commonest case, a new op that writes nothing: its outputs are
-        new storages, so none is resident, dead or a candidate yet, and none needs a lock
+    def _run_new(self, p: ComputePath) -> float:
+        """``_place_and_run`` for the commonest case, a new op that writes nothing: its outputs
+        are new storages, so none is resident, dead or a candidate yet, and none needs a lock
         (nothing can evict them before they join the pool, once the op has run)."""
         alloc = self.allocator
         placed: list[Storage] = []
@@ -415,17 +419,7 @@ class Engine:
             for s in placed:
                 if s.nbytes > 0 and not s.pinned:
                     add(s)
-        clock = self.clock = self.clock + cost
-        st = self.stats
-        st.ops += 1
-        st.base_cost += cost
-        stale = self.pool.stale
-        for t in p.outputs:
-            s = t.storage
-            t.defined = s.resident
-            s.last_access = clock
-            if s.slot >= 0:
-                stale.append(s)
+        return cost
 
     def _inplace_sources(self, p: ComputePath) -> dict[Storage, Storage]:
         """New version -> old value, for the writes of ``p`` that may overwrite the old value:
