@@ -409,8 +409,9 @@ class TimedSession(Session):
     def __exit__(self, *exc: Any) -> None:
         self._timed(super().__exit__, *exc)
 
-    def dispatch(self, func: Any, args: tuple, kwargs: dict | None) -> Any:
-        return self._timed(super().dispatch, func, args, kwargs)
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        return self._timed(super().__torch_dispatch__, func, types, args, kwargs)
 
     def release(self, handle: Any) -> None:
         self._timed(super().release, handle)

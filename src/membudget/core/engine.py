@@ -135,37 +135,60 @@ class Engine:
         # the outputs are made when the op first runs, once its inputs are materialized and
         # locked, whether their sizes are given or probed: a live run and its replay then
         # take exactly the same steps
-        path.outputs = None  # type: ignore[assignment]
         self._run(path, False)
         return path.outputs
 
     def _outputs(self, path: ComputePath, out_bytes: Sequence[int],
-                  out_alias: Sequence[int] | None) -> None:
+                 out_alias: Sequence[int] | None) -> None:
         """Create the output tensors of a new path (each with one program reference), one per
         entry of ``out_bytes`` and then the new version of each mutated input, and link
-        them to the path's inputs."""
+        their storages to the path's inputs, each storage once, in the order of the outputs.
+
+        The path's cost is charged to its outputs' storages; to the new versions of a writing
+        op only once it has run (a live runtime learns that cost by running it, and a replay
+        must place those versions the same way)."""
         op, inputs = path.op, path.inputs
         if out_alias is not None and len(out_alias) != len(out_bytes):
             raise EngineError(f"{op!r}: {len(out_bytes)} output sizes but "
                               f"{len(out_alias)} alias entries")
-        kind, clock, ids = self.output_kind, self.clock, self._ids
+        kind, clock, ids, cost = self.output_kind, self.clock, self._ids, path.cost
         outputs: list[Tensor] = []
+        views: list[Storage] | None = None  # input storages that outputs are views of
         # each output is referenced from the start, so nothing frees it on unlock
         for k, nbytes in enumerate(out_bytes):
             alias = -1 if out_alias is None else out_alias[k]
-            if alias >= 0:
-                s = inputs[alias].storage
-                ids += 1
-                t = Tensor(ids, s, path, True)
-            else:
+            if alias < 0:
                 s = Storage(ids + 1, int(nbytes), kind)
                 s.last_access = clock
+                s.cost = cost
                 ids += 2
                 t = Tensor(ids, s, path, False)
+                t.ext_refs = s.ext_refs = 1
+                s.tensors.append(t)
+                outputs.append(t)
+                # _link for a new storage: not pinned, evicted nor a candidate
+                parents = s.parents
+                for i in inputs:
+                    p = i.storage
+                    if p not in parents:
+                        parents[p] = None
+                        p.children[s] = None
+                        if p.evicted:
+                            s.ev_parents += 1
+                continue
+            s = inputs[alias].storage
+            ids += 1
+            t = Tensor(ids, s, path, True)
             t.ext_refs = 1
             s.ext_refs += 1
             s.tensors.append(t)
             outputs.append(t)
+            if views is None:
+                views = []
+            if s not in views:  # else another view of a storage already linked
+                views.append(s)
+                s.cost += cost
+                self._link(s, inputs)
         for i in path.mutated:  # a version has the size, kind and pinning of the old value
             old = inputs[i].storage
             s = Storage(ids + 1, old.nbytes, old.kind)
@@ -176,41 +199,34 @@ class Engine:
             t.ext_refs = s.ext_refs = 1
             s.tensors.append(t)
             outputs.append(t)
+            self._link(s, inputs)
         self._ids = ids
         path.outputs = outputs
-        # the storage-level edges, and the path's cost charged to its outputs (to the new
-        # versions of a writing op only once it has run: a live runtime learns that cost by
-        # running it, and a replay must place those versions the same way)
-        n_new = len(outputs) - len(path.mutated)  # the versions come last
-        cost = path.cost
+
+    def _link(self, s: Storage, inputs: Sequence[Tensor]) -> None:
+        """Make the storages of ``inputs`` parents of ``s`` (each once, in order: parents is
+        an ordered set), unless ``s`` is pinned (never recomputed: its history must not keep
+        its inputs alive)."""
         stale = self.pool.stale
-        done: list[Storage] = []
-        for k, t in enumerate(outputs):
-            s = t.storage
-            if s in done:  # another view of a storage already linked
+        if s.slot >= 0:
+            stale.append(s)
+        if s.pinned:
+            return
+        parents = s.parents
+        for i in inputs:
+            p = i.storage
+            if p is s or p in parents:
                 continue
-            done.append(s)
-            if k < n_new:
-                s.cost += cost
-            if s.slot >= 0:
-                stale.append(s)
-            if s.pinned:  # never recomputed: its history must not keep its inputs alive
-                continue
-            parents = s.parents
-            for i in inputs:  # each input storage once, in order (parents is an ordered set)
-                p = i.storage
-                if p is s or p in parents:
-                    continue
-                parents[p] = None
-                p.children[s] = None
-                if p.evicted:
-                    s.ev_parents += 1
-                    if s.slot >= 0:
-                        stale.append(s)
-                if s.evicted:  # a view of an evicted base gains a parent
-                    p.ev_children += 1
-                    if p.slot >= 0:
-                        stale.append(p)
+            parents[p] = None
+            p.children[s] = None
+            if p.evicted:
+                s.ev_parents += 1
+                if s.slot >= 0:
+                    stale.append(s)
+            if s.evicted:  # a view of an evicted base gains a parent
+                p.ev_children += 1
+                if p.slot >= 0:
+                    stale.append(p)
 
     def retain(self, t: Tensor) -> None:
         """The program took one more reference to ``t`` (a copied handle)."""
@@ -257,9 +273,11 @@ class Engine:
         mark = len(locked)  # every lock taken from here is released before returning
         clock = self.clock
         stale = self.pool.stale
-        for k, t in enumerate(inputs):  # the common case: all defined; stamp and lock them
-            if not t.defined:
-                for u in inputs[:k]:  # not that case: undo the locks (nothing else changed)
+        for t in inputs:  # the common case: all defined; stamp and lock them
+            if not t.defined:  # not that case: undo the locks taken before this input's first
+                for u in inputs:  # occurrence (the slow path below stamps every input again)
+                    if u is t:
+                        break
                     u.storage.locks -= 1
                 del locked[mark:]
                 break
@@ -321,7 +339,26 @@ class Engine:
             else:
                 (out_bytes, out_alias), p.pending = p.pending, None
             self._outputs(p, out_bytes, out_alias)
-            cost = self._run_new(p) if not p.mutated else self._place_and_run(p, remat)
+            if p.mutated:
+                cost = self._place_and_run(p, remat)
+            else:  # the commonest case, a new op that writes nothing: its outputs are new
+                # storages, none resident, dead or a candidate yet, and none needs a lock
+                # (nothing can evict them before they join the pool, once the op has run)
+                alloc = self.allocator
+                try:
+                    for t in p.outputs:
+                        if not t.alias:
+                            s = t.storage
+                            if not alloc.allocate(s):
+                                self._make_room(s, p.op)
+                            s.resident = True
+                    cost = self.executor.run(p, False)
+                finally:  # the placed ones become candidates, even if a later one failed
+                    add = self.pool.add
+                    for t in p.outputs:
+                        s = t.storage
+                        if not t.alias and s.resident and s.nbytes > 0 and not s.pinned:
+                            add(s)
         else:
             cost = self._place_and_run(p, remat)
         clock = self.clock = self.clock + cost
@@ -345,7 +382,8 @@ class Engine:
                     stale.append(s)
 
     def _place_and_run(self, p: ComputePath, remat: bool) -> float:
-        """Place the outputs of ``p`` and run it; return its cost (``_execute``'s general case).
+        """Place the outputs of ``p`` and run it; return its cost (``_execute``'s general
+        case: a recomputation, or a new op that writes).
 
         An output that is still resident, or dead, is produced again all the same, so its
         bytes are held by a temporary duplicate while the op runs (as a real recompute would).
@@ -397,28 +435,6 @@ class Engine:
                     alloc.free(dup)
             for s in placed:
                 self._unlock(s)
-        return cost
-
-    def _run_new(self, p: ComputePath) -> float:
-        """``_place_and_run`` for the commonest case, a new op that writes nothing: its outputs
-        are new storages, so none is resident, dead or a candidate yet, and none needs a lock
-        (nothing can evict them before they join the pool, once the op has run)."""
-        alloc = self.allocator
-        placed: list[Storage] = []
-        try:
-            for t in p.outputs:
-                if not t.alias:
-                    s = t.storage
-                    if not alloc.allocate(s):
-                        self._make_room(s, p.op)
-                    s.resident = True
-                    placed.append(s)
-            cost = self.executor.run(p, False)
-        finally:
-            add = self.pool.add
-            for s in placed:
-                if s.nbytes > 0 and not s.pinned:
-                    add(s)
         return cost
 
     def _inplace_sources(self, p: ComputePath) -> dict[Storage, Storage]:

@@ -18,9 +18,10 @@ class Executor(ABC):
     def run(self, path: ComputePath, remat: bool) -> float:
         """Compute the outputs of ``path`` (inputs are materialized); return its cost."""
 
-    def probe(self, path: ComputePath) -> tuple[list[int], list[int], float]:
+    def probe(self, path: ComputePath) -> tuple[list[int], list[int] | None, float]:
         """Run a new op whose outputs the caller could not describe (its inputs are locked
-        and materialized) and return their bytes, aliased inputs and the op's cost; the
+        and materialized) and return their bytes, aliased inputs (None: none aliases an
+        input) and the op's cost; the
         following ``run`` only keeps the result."""
         raise NotImplementedError(f"{type(self).__name__} needs output sizes up front")
 

@@ -68,7 +68,12 @@ class CandidatePool:
         if i == self.cost.shape[0]:
             self._grow()
         items.append(s)
-        self.touch(s)
+        self._added += 1  # touch(s), inlined: every new output comes here
+        s.seq = self._added
+        stale = self.stale
+        stale.append(s)
+        if len(stale) > self.STALE_LIMIT:
+            self.sync()
 
     def touch(self, s: Storage) -> None:
         """``s`` becomes the latest entrant, its row stale: what ``add`` does once it has a

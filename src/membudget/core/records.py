@@ -116,7 +116,7 @@ class ComputePath:
         self.id = pid
         self.op = op
         self.inputs = tuple(inputs)
-        self.outputs: list[Tensor] = []
+        self.outputs: list[Tensor] | None = None  # made when it first runs
         self.cost = cost
         self.mutated = mutated
         self.reused: dict[Storage, Storage] = NOTHING_REUSED

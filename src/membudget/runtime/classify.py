@@ -55,16 +55,19 @@ class OpInfo:
         return out
 
 
-# by id(): OpOverload hashes in Python; the op itself is kept alive beside its info
-_INFO: dict[int, tuple[OpInfo, torch._ops.OpOverload]] = {}
+# By id(): OpOverload hashes in Python. The hot path reads INFO directly and calls op_info
+# only on a miss; each op is kept alive in _SEEN beside its info, so its id stays its own.
+INFO: dict[int, OpInfo] = {}
+_SEEN: list[torch._ops.OpOverload] = []
 
 
 def op_info(func: torch._ops.OpOverload) -> OpInfo:
     """What ``func`` does to memory (worked out once per op: this runs on every op)."""
-    hit = _INFO.get(id(func))
-    if hit is None:
-        hit = _INFO[id(func)] = (_classify(func), func)
-    return hit[0]
+    info = INFO.get(id(func))
+    if info is None:
+        info = INFO[id(func)] = _classify(func)
+        _SEEN.append(func)
+    return info
 
 
 def _classify(func: torch._ops.OpOverload) -> OpInfo:

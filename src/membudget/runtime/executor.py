@@ -33,12 +33,13 @@ class Slot:
         self.index = index
 
 
-_SLOTS = [Slot(i) for i in range(64)]
+_grad_enabled = torch._C.is_grad_enabled  # torch.is_grad_enabled's own Python frame skipped
+SLOTS = tuple(Slot(i) for i in range(64))
 
 
 def slot(i: int) -> Slot:
     """The placeholder of engine input ``i``."""
-    return _SLOTS[i] if i < 64 else Slot(i)
+    return SLOTS[i] if i < len(SLOTS) else Slot(i)
 
 
 class OpCall:
@@ -62,7 +63,7 @@ class OpCall:
         self.leaves = leaves
         self.spec = spec
         self.random = random
-        self.grad = torch.is_grad_enabled()
+        self.grad = _grad_enabled()
         self.outputs: Sequence[int] = ()
         self.rng: tuple | None = None
         self.result: list[torch.Tensor] | None = None
@@ -128,7 +129,7 @@ class TorchExecutor(Executor):
             return float(perf_counter_ns() - t0)
         return self.cost(call.func, tuple(args), kwargs, out) * 1e9
 
-    def probe(self, path: ComputePath) -> tuple[list[int], list[int], float]:
+    def probe(self, path: ComputePath) -> tuple[list[int], list[int] | None, float]:
         call: OpCall = path.op
         values = self.values
         # loops, not comprehensions: on every op, and a comprehension is a call in Python 3.11
@@ -241,16 +242,16 @@ def copy_of(v: torch.Tensor) -> torch.Tensor:
 
 
 def _layout(tensors: list[torch.Tensor], inputs: list[torch.Tensor]
-            ) -> tuple[list[int], list[int]]:
-    """Bytes and aliased input of each output: a view shares its input's storage. Storages
-    are compared by identity, not data pointer, which fake and meta tensors do not have (an
-    output of 0 bytes aliases nothing)."""
-    out_bytes, out_alias = [], []
+            ) -> tuple[list[int], list[int] | None]:
+    """Bytes and aliased input of each output (None: no output aliases an input): a view
+    shares its input's storage. Storages are compared by identity, not data pointer, which
+    fake and meta tensors do not have (an output of 0 bytes aliases nothing)."""
+    out_bytes = []
+    out_alias = None
     owners = None  # looked up only if some output has bytes
-    for o in tensors:
+    for k, o in enumerate(tensors):
         st = o.untyped_storage()
         nbytes = st.nbytes()
-        i = -1
         if nbytes:
             if owners is None:
                 owners = []
@@ -258,9 +259,10 @@ def _layout(tensors: list[torch.Tensor], inputs: list[torch.Tensor]
                     owners.append(v.untyped_storage()._cdata)
             where = st._cdata
             if where in owners:
-                i = owners.index(where)
+                if out_alias is None:
+                    out_alias = [-1] * len(tensors)
+                out_alias[k] = owners.index(where)
                 nbytes = 0
-        out_alias.append(i)
         out_bytes.append(nbytes)
     return out_bytes, out_alias
 

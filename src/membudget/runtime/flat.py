@@ -17,6 +17,10 @@ NO_KWARGS: dict[str, Any] = {}  # the kwargs of a call without any: shared, neve
 # What the dispatcher hands a mode for a list argument (Tensor[], int[], ...): exact types,
 # so a set lookup replaces isinstance (which costs more, on every argument of every op).
 SEQUENCES = frozenset((list, tuple))
+# The commonest non-tensor arguments, recognised by exact type before an isinstance test
+# against torch.Tensor (which goes through torch's metaclass).
+SCALARS = frozenset((int, float, bool, type(None), torch.dtype, torch.device, torch.layout,
+                     torch.memory_format))
 
 
 def _expand(x: Any, leaves: list[Any]) -> Any:

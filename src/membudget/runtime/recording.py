@@ -32,6 +32,8 @@ class Recording:
     """Events of one session, appended as the session issues engine commands (kept raw,
     with the engine's records, and turned into trace events only when written)."""
 
+    active = True
+
     def __init__(self) -> None:
         self.events: list[Event] = []
         self.ops: list[Any] = []  # the op of each call event, in order (an OpCall, live)
@@ -101,6 +103,8 @@ class Recording:
 
 class NotRecording:
     """The recording of a session that does not record: every event is dropped."""
+
+    active = False
 
     def put(self, h: Tensor, kind: str) -> None:
         pass

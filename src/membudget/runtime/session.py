@@ -35,10 +35,10 @@ from membudget.core.engine import Engine
 from membudget.core.records import Tensor
 from membudget.errors import BudgetTooSmallError, MembudgetError, OutOfBudget
 from membudget.runtime import ddp
-from membudget.runtime.classify import OpInfo, op_info
+from membudget.runtime.classify import INFO, OpInfo, op_info
 from membudget.runtime.device_memory import DeviceMeter
-from membudget.runtime.executor import OpCall, OpTimer, Slot, TorchExecutor, slot
-from membudget.runtime.flat import NO_KWARGS, flatten
+from membudget.runtime.executor import SLOTS, OpCall, OpTimer, Slot, TorchExecutor, slot
+from membudget.runtime.flat import NO_KWARGS, SCALARS, flatten
 from membudget.runtime.recording import NotRecording, Recording
 from membudget.runtime.tensor import Ref, RematTensor, value_of, wrap
 from membudget.units import parse_bytes
@@ -67,30 +67,18 @@ class SessionStats:
     device_peak_bytes: int | None = None
 
 
-class _Mode(TorchDispatchMode):
-    """Routes every aten op to the session. Its frames are entered only from the dispatcher,
-    never traced by Dynamo, so it opts out of the Dynamo-disabling wrapper that torch puts
-    around ``__torch_dispatch__`` by default (two Python frames on every op)."""
+class Session(TorchDispatchMode, ContextDecorator):
+    """A memory budget for the code inside ``with``; see :func:`membudget.budget`.
 
-    def __init__(self, session: Session) -> None:
-        super().__init__()
-        self.dispatch = session.dispatch
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
-        return self.dispatch(func, args, kwargs)
-
-
-class Session(ContextDecorator):
-    """A memory budget for the code inside ``with``; see :func:`membudget.budget`."""
+    The session is itself the dispatch mode that routes every aten op to it, so no frame
+    stands between the dispatcher and ``__torch_dispatch__``. Its frames are entered only
+    from the dispatcher, never traced by Dynamo, so it opts out of the Dynamo-disabling
+    wrapper that torch puts around ``__torch_dispatch__`` by default (two frames per op)."""
 
     def __init__(self, budget: int | str, policy: str = "dtr-eq", allocator: str | None = None,
                  inplace: str | None = None, record: bool | str | Path | None = None,
                  cost: OpTimer | None = None) -> None:
+        super().__init__()
         self.budget_bytes = parse_bytes(budget) if isinstance(budget, str) else int(budget)
         if self.budget_bytes <= 0:
             raise MembudgetError(f"a budget must be > 0 bytes, got {budget!r}")
@@ -100,7 +88,9 @@ class Session(ContextDecorator):
         self.recording = _new_recording(record)
         self.engine: Engine | None = None
         self.stats = SessionStats(self.budget_bytes)
-        self._mode: _Mode | None = None
+        self._active = False  # the mode is pushed
+        # the engine tensors behind the program's live wrappers, each with its wrapper's Ref
+        self._held: dict[Tensor, weakref.ref[Ref]] = {}
 
     # ------------------------------------------------------------------ lifetime
     def __enter__(self) -> Session:
@@ -112,32 +102,31 @@ class Session(ContextDecorator):
         self.allocator_name = self.engine.allocator.name
         self._leaves: dict[tuple, tuple[torch.Tensor, Tensor]] = {}
         self._bases: dict[int, Tensor] = {}  # real storage -> its leaf
-        # the engine tensors behind the program's live wrappers, each with its wrapper's Ref
-        self._held: dict[Tensor, weakref.ref[Ref]] = {}
+        self._held = {}
         self._pending: list[Tensor] = []
         self._busy = False
         self.recording = _new_recording(self.record)
         self._device = DeviceMeter()
-        self._mode = _Mode(self)
-        ddp.install(_Mode)
+        ddp.install(Session)
         # The engine's records live as long as a value may need them and are freed by
         # reference counting (the engine cuts their cycles as it frees them), so the cyclic
         # collector would only walk the live ones again and again, about 2 µs per op: it is
         # paused while the session runs. Cycles the program makes meanwhile are collected
         # after it (or by an explicit gc.collect()).
-        self._mode.__enter__()
+        TorchDispatchMode.__enter__(self)
+        self._active = True
         self._gc_was_enabled = gc.isenabled()  # set last: nothing after it can fail
         gc.disable()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        mode, self._mode = self._mode, None
+        active, self._active = self._active, False
         try:
             if exc_type is None:
                 self._hand_out()
         finally:
-            if mode is not None:
-                mode.__exit__(None, None, None)
+            if active:
+                TorchDispatchMode.__exit__(self, None, None, None)
             self._close()
         if exc_type is None and isinstance(self.record, (str, Path)):
             self.trace(self.record)
@@ -219,19 +208,19 @@ class Session(ContextDecorator):
     # ------------------------------------------------------------------ references
     def release(self, handle: Tensor) -> None:
         """A wrapper died: drop its reference (after the current op)."""
-        if self.engine is None:
-            return
         try:
             del self._held[handle]
-        except KeyError:  # already released: handed out as the session ends
+        except KeyError:  # already released: handed out as the session ended (or failed)
             return
         if self._busy:  # engine work is never re-entered: it is released after it
             self._pending.append(handle)
             return
         self._busy = True
         try:
-            self.recording.release(handle)
-            self.engine.release(handle)
+            rec = self.recording
+            if rec.active:
+                rec.release(handle)
+            self.engine.release(handle)  # type: ignore[union-attr]
         finally:
             self._busy = False
         if self._pending:
@@ -314,14 +303,42 @@ class Session(ContextDecorator):
             if not busy:
                 self._drain()
 
-    def dispatch(self, func: Any, args: tuple, kwargs: dict | None) -> Any:
-        """Run one aten op through the engine (the dispatch mode's entry: every op)."""
-        info = op_info(func)
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        """Run one aten op through the engine (every op comes here, so it is written flat)."""
+        info = INFO.get(id(func))
+        if info is None:
+            info = op_info(func)
         if info.passthrough:
             return func(*args, **(kwargs or {}))
         busy, self._busy = self._busy, True
         try:
-            return self._dispatch(func, info, args, kwargs or NO_KWARGS)
+            leaves, spec = flatten(args, kwargs or NO_KWARGS)
+            inputs: list[Tensor] = []
+            for k, x in enumerate(leaves):
+                if type(x) is RematTensor:  # tested first: most inputs are (and it is cheaper)
+                    ref = x._ref
+                    h = (ref.handle if ref.session is self
+                         else self._leaf(self._outside(func, x)))
+                elif type(x) in SCALARS or not isinstance(x, torch.Tensor):
+                    continue  # (isinstance goes through torch's metaclass: tested last)
+                else:
+                    h = self._leaf(x)
+                n = len(inputs)
+                leaves[k] = SLOTS[n] if n < len(SLOTS) else Slot(n)
+                inputs.append(h)
+            call = OpCall(func, leaves, spec, info.random)
+            if info.writes:
+                return self._write(call, info, inputs, args, kwargs or NO_KWARGS)
+            handles = self.engine.apply(call, inputs, None)  # type: ignore[union-attr]
+            rec = self.recording
+            if rec.active:  # (the hot path skips the calls a NotRecording would drop)
+                rec.call(call, inputs, handles, call.cost)
+            return self._returned(call, handles)
         except OutOfBudget as e:
             raise BudgetTooSmallError.from_oob(e) from None
         finally:
@@ -329,29 +346,14 @@ class Session(ContextDecorator):
             if not busy and self._pending:
                 self._drain()
 
-    def _dispatch(self, func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
+    def _write(self, call: OpCall, info: OpInfo, inputs: list[Tensor], args: tuple,
+               kwargs: dict) -> Any:
+        """``dispatch`` for an op that writes some of its arguments."""
         eng = self.engine
         assert eng is not None
-        leaves, spec = flatten(args, kwargs)
-        inputs: list[Tensor] = []
-        objects: list[Any] = []  # the tensor object behind each input
-        for k, x in enumerate(leaves):
-            if type(x) is RematTensor:  # tested first: most inputs are (and it is cheaper)
-                ref = x._ref
-                h = ref.handle if ref.session is self else self._leaf(self._outside(func, x))
-            elif isinstance(x, torch.Tensor):
-                h = self._leaf(x)
-            else:
-                continue
-            leaves[k] = slot(len(inputs))
-            inputs.append(h)
-            objects.append(x)
-        call = OpCall(func, leaves, spec, info.random)
-        rec = self.recording
-        if not info.writes:
-            handles = eng.apply(call, inputs, None)
-            rec.call(call, inputs, handles, call.cost)
-            return self._returned(call, handles)
+        func, rec = call.func, self.recording
+        # the tensor object behind each input, in the order of the inputs
+        objects = [x for x in flatten(args, kwargs)[0] if isinstance(x, torch.Tensor)]
         written = {id(o) for w in info.written(args, kwargs)
                    for o in (w if isinstance(w, (list, tuple)) else (w,))
                    if isinstance(o, torch.Tensor)}
@@ -386,7 +388,7 @@ class Session(ContextDecorator):
         side_effects = info.side_effects_only(args, kwargs)
         if side_effects:
             call.rerun_leaves = [None if type(x) is Slot and x.index in mutated else x
-                                 for x in leaves]
+                                 for x in call.leaves]
         handles = eng.apply(call, inputs, None)
         rec.call(call, inputs, handles, call.cost)
         if not side_effects:
@@ -401,6 +403,11 @@ class Session(ContextDecorator):
         call.returned = None  # the op's record must not keep the first result alive
         assert flat is not None
         held = self._held
+        if call.returned_kind is None and handles:  # most ops: one tensor
+            h = handles[0]
+            ref = Ref(self, h)
+            held[h] = weakref.ref(ref)
+            return wrap(flat[0], ref)
         for k, h in zip(call.outputs, handles, strict=True):
             ref = Ref(self, h)
             held[h] = weakref.ref(ref)
