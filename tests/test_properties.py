@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from unittest.mock import patch
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from membudget.core import ComputePath, Engine, Executor, Storage, Tensor
 from membudget.core.allocators import ALLOCATORS
 from membudget.core.policies import POLICIES, make_policy
+from membudget.core.pool import CandidatePool
 from membudget.errors import OutOfBudget
 
 
@@ -283,6 +285,26 @@ def test_any_budget_and_policy_gives_the_unconstrained_values_or_a_clean_oom(
 def test_engine_state_invariants_hold_between_commands(instrs, fraction, seed, allocator,
                                                        inplace):
     check_values(instrs, fraction, seed, allocator, inplace, check=True)
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+@given(instrs=programs(), fraction=FRACTIONS, allocator=ALLOCATOR_NAMES)
+def test_compacting_the_stale_marks_changes_no_decision(instrs, fraction, allocator):
+    """A pool compacts its stale list (marking every member instead) when marks pile up
+    between searches: with a limit of 1 it does so all the time, and every run must still
+    read, evict and recompute exactly as with the default limit."""
+    _, ref = reference(instrs)
+    budget = int(ref.peak_bytes * fraction)
+
+    def outcome(policy: str) -> tuple:
+        reads, eng = run_constrained(instrs, budget, policy, True, allocator=allocator)
+        st_ = eng.stats
+        return reads, st_.evictions, st_.eager_evictions, st_.remat_ops, eng.peak_bytes
+
+    for policy in policies_for(allocator):
+        default = outcome(policy)
+        with patch.object(CandidatePool, "STALE_LIMIT", 1):
+            assert outcome(policy) == default, policy
 
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])

@@ -135,8 +135,34 @@ class Engine:
         # the outputs are made when the op first runs, once its inputs are materialized and
         # locked, whether their sizes are given or probed: a live run and its replay then
         # take exactly the same steps
-        self._run(path, False)
-        return path.outputs
+        inputs = path.inputs
+        locked = self._locked
+        mark = len(locked)  # every lock taken from here is released before returning
+        clock = self.clock
+        stale = self.pool.stale
+        for t in inputs:  # the common case: all defined; stamp and lock them, and run it
+            if not t.defined:  # not that case: undo the locks taken before this input's first
+                for u in inputs:  # occurrence (_run stamps every input again)
+                    if u is t:
+                        break
+                    u.storage.locks -= 1
+                del locked[mark:]
+                self._run(path, False)
+                return path.outputs  # type: ignore[return-value]
+            s = t.storage
+            s.last_access = clock
+            s.locks += 1
+            if s.slot >= 0:
+                stale.append(s)
+                locked.append(s)
+        try:
+            self._execute(path, False)
+        finally:
+            unlock = self._unlock
+            for t in inputs:
+                unlock(t.storage)
+            del locked[mark:]
+        return path.outputs  # type: ignore[return-value]
 
     def _outputs(self, path: ComputePath, out_bytes: Sequence[int],
                  out_alias: Sequence[int] | None) -> None:
@@ -266,36 +292,12 @@ class Engine:
 
         A frame stamps its inputs' last access when it starts, then locks each input it finds
         defined, so a later rematerialization cannot evict it; an undefined input pushes its
-        producer as a new frame.
+        producer as a new frame. (``apply`` runs a new op whose inputs are all defined
+        itself, the commonest case, without the frames.)
         """
         inputs = path.inputs
         locked = self._locked
         mark = len(locked)  # every lock taken from here is released before returning
-        clock = self.clock
-        stale = self.pool.stale
-        for t in inputs:  # the common case: all defined; stamp and lock them
-            if not t.defined:  # not that case: undo the locks taken before this input's first
-                for u in inputs:  # occurrence (the slow path below stamps every input again)
-                    if u is t:
-                        break
-                    u.storage.locks -= 1
-                del locked[mark:]
-                break
-            s = t.storage
-            s.last_access = clock
-            s.locks += 1
-            if s.slot >= 0:
-                stale.append(s)
-                locked.append(s)
-        else:
-            try:
-                self._execute(path, remat)
-            finally:
-                unlock = self._unlock
-                for t in inputs:
-                    unlock(t.storage)
-                del locked[mark:]
-            return
         self._stamp(inputs)
         stack: list[list] = [[path, 0, remat]]
         try:
@@ -354,10 +356,10 @@ class Engine:
                             s.resident = True
                     cost = self.executor.run(p, False)
                 finally:  # the placed ones become candidates, even if a later one failed
-                    add = self.pool.add
+                    add = self.pool.add  # (a new storage is never pinned)
                     for t in p.outputs:
                         s = t.storage
-                        if not t.alias and s.resident and s.nbytes > 0 and not s.pinned:
+                        if not t.alias and s.resident and s.nbytes > 0:
                             add(s)
         else:
             cost = self._place_and_run(p, remat)
@@ -515,7 +517,15 @@ class Engine:
             t.defined = False
         if s.slot >= 0:
             self.pool.remove(s)
-        self._count_evicted(s, +1)
+        stale = self.pool.stale  # _count_evicted(s, +1), inlined: on every eager eviction
+        for p in s.parents:
+            p.ev_children += 1
+            if p.slot >= 0:
+                stale.append(p)
+        for c in s.children:
+            c.ev_parents += 1
+            if c.slot >= 0:
+                stale.append(c)
         self.policy.on_evict(s)
 
     def _count_evicted(self, s: Storage, delta: int) -> None:

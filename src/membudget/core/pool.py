@@ -21,17 +21,19 @@ class CandidatePool:
     """Array-backed set of evictable storages: slot i holds ``items[i]``; row i of the arrays
     is current for every storage not in ``stale`` (``sync()`` makes them all current)."""
 
-    __slots__ = ("_added", "_synced", "bound", "bound_epoch", "cost", "ev_children",
-                 "ev_parents", "free_adj", "items", "last", "nbytes", "remats", "seq", "stale")
+    __slots__ = ("_added", "_stale_cap", "_synced", "bound", "bound_epoch", "cost",
+                 "ev_children", "ev_parents", "free_adj", "items", "last", "nbytes", "remats",
+                 "seq", "stale")
     _ARRAYS = ("cost", "nbytes", "last", "ev_parents", "ev_children", "free_adj", "remats", "seq",
                "bound")
-    #: A pool that is never searched still syncs once this many stale marks have piled up, so
-    #: the list holds no storage long after it left the pool.
+    #: A pool that is never searched compacts its stale list once this many marks beyond its
+    #: members have piled up, so the list holds no storage long after it left the pool.
     STALE_LIMIT = 4096
 
     def __init__(self, capacity: int = 1024) -> None:
         self.items: list[Storage] = []
         self.stale: list[Storage] = []  # rows to rewrite (duplicates and non-members allowed)
+        self._stale_cap = self.STALE_LIMIT  # compact the list once it is longer than this
         self.cost = np.zeros(capacity)
         self.nbytes = np.zeros(capacity)
         self.last = np.zeros(capacity)
@@ -72,8 +74,8 @@ class CandidatePool:
         s.seq = self._added
         stale = self.stale
         stale.append(s)
-        if len(stale) > self.STALE_LIMIT:
-            self.sync()
+        if len(stale) > self._stale_cap:
+            self._compact()
 
     def touch(self, s: Storage) -> None:
         """``s`` becomes the latest entrant, its row stale: what ``add`` does once it has a
@@ -83,8 +85,18 @@ class CandidatePool:
         s.seq = self._added
         stale = self.stale
         stale.append(s)
-        if len(stale) > self.STALE_LIMIT:
-            self.sync()
+        if len(stale) > self._stale_cap:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Marks piled up with no search in between: mark every member once instead (a
+        superset of the stale rows, so ``sync`` stays right) and let go of the storages that
+        left the pool. Cheaper than a sync (no hashing, no row written), and it happens at
+        most once per ``STALE_LIMIT`` marks."""
+        stale = self.stale
+        stale.clear()  # in place: callers may hold the list
+        stale.extend(self.items)
+        self._stale_cap = len(stale) + self.STALE_LIMIT
 
     def remove(self, s: Storage) -> None:
         i = s.slot
@@ -102,7 +114,8 @@ class CandidatePool:
     def sync(self) -> None:
         """Write the stale rows (every field a policy reads) from their storages."""
         stale = [s for s in dict.fromkeys(self.stale) if s.slot >= 0]
-        self.stale = []
+        self.stale.clear()  # in place: callers may hold the list
+        self._stale_cap = self.STALE_LIMIT
         if not stale:
             return
         idx = [s.slot for s in stale]

@@ -34,12 +34,14 @@ class Slot:
 
 
 _grad_enabled = torch._C.is_grad_enabled  # torch.is_grad_enabled's own Python frame skipped
-SLOTS = tuple(Slot(i) for i in range(64))
+SLOTS = [Slot(i) for i in range(64)]  # SLOTS[i] is slot(i); it only ever grows
 
 
 def slot(i: int) -> Slot:
     """The placeholder of engine input ``i``."""
-    return SLOTS[i] if i < len(SLOTS) else Slot(i)
+    while len(SLOTS) <= i:
+        SLOTS.append(Slot(len(SLOTS)))
+    return SLOTS[i]
 
 
 class OpCall:
@@ -154,17 +156,25 @@ class TorchExecutor(Executor):
             cost = call.cost = float(perf_counter_ns() - t0)
         else:
             cost = call.cost = self._cost(call, args, kwargs, out, t0)
-        if type(out) is torch.Tensor:  # most ops: the result is its one output
-            call.returned_kind = None
-            call.outputs = _FIRST
-            result = call.result = call.returned = [out]  # run() takes it before it is wrapped
-        else:
+        if type(out) is not torch.Tensor:
             flat, call.returned_kind = flatten_result(out)
             call.outputs = [k for k, o in enumerate(flat) if isinstance(o, torch.Tensor)]
             result = call.result = [flat[k] for k in call.outputs]
             call.returned = flat
-        out_bytes, out_alias = _layout(result, real)
-        return out_bytes, out_alias, cost
+            out_bytes, out_alias = _layout(result, real)
+            return out_bytes, out_alias, cost
+        # most ops: the result is its one output (_layout for it, inlined)
+        call.returned_kind = None
+        call.outputs = _FIRST
+        call.result = call.returned = [out]  # run() takes it before it is wrapped
+        st = out.untyped_storage()
+        nbytes = st.nbytes()
+        if nbytes:
+            where = st._cdata
+            for i, v in enumerate(real):
+                if v.untyped_storage()._cdata == where:
+                    return [0], [i], cost
+        return [nbytes], None, cost
 
     def run(self, path: ComputePath, remat: bool) -> float:
         call: OpCall = path.op

@@ -328,8 +328,10 @@ class Session(TorchDispatchMode, ContextDecorator):
                     continue  # (isinstance goes through torch's metaclass: tested last)
                 else:
                     h = self._leaf(x)
-                n = len(inputs)
-                leaves[k] = SLOTS[n] if n < len(SLOTS) else Slot(n)
+                try:
+                    leaves[k] = SLOTS[len(inputs)]
+                except IndexError:  # more tensor arguments than placeholders made so far
+                    leaves[k] = slot(len(inputs))
                 inputs.append(h)
             call = OpCall(func, leaves, spec, info.random)
             if info.writes:
@@ -338,7 +340,15 @@ class Session(TorchDispatchMode, ContextDecorator):
             rec = self.recording
             if rec.active:  # (the hot path skips the calls a NotRecording would drop)
                 rec.call(call, inputs, handles, call.cost)
-            return self._returned(call, handles)
+            if call.returned_kind is not None or not handles:
+                return self._returned(call, handles)
+            # _returned for the commonest result, one tensor
+            value = call.returned[0]  # type: ignore[index]
+            call.returned = None  # the op's record must not keep the first result alive
+            h = handles[0]
+            ref = Ref(self, h)
+            self._held[h] = weakref.ref(ref)
+            return wrap(value, ref)
         except OutOfBudget as e:
             raise BudgetTooSmallError.from_oob(e) from None
         finally:
@@ -403,11 +413,6 @@ class Session(TorchDispatchMode, ContextDecorator):
         call.returned = None  # the op's record must not keep the first result alive
         assert flat is not None
         held = self._held
-        if call.returned_kind is None and handles:  # most ops: one tensor
-            h = handles[0]
-            ref = Ref(self, h)
-            held[h] = weakref.ref(ref)
-            return wrap(flat[0], ref)
         for k, h in zip(call.outputs, handles, strict=True):
             ref = Ref(self, h)
             held[h] = weakref.ref(ref)

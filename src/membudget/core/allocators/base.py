@@ -137,6 +137,7 @@ class LayoutAllocator(Allocator):
         p, n = b.prev, b.next
         adj = (p.size if p is not None and p.storage is None else 0) + (
             n.size if n is not None and n.storage is None else 0)
-        s.free_adj = adj
-        if s.slot >= 0 and self.pool is not None:
-            self.pool.stale.append(s)
+        if adj != s.free_adj:
+            s.free_adj = adj
+            if s.slot >= 0 and self.pool is not None:
+                self.pool.stale.append(s)

@@ -15,6 +15,8 @@ geometric mean of the densities seen so far (scale-free: traces measure cost in 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
+from itertools import islice
 
 from membudget.core.allocators.best_fit import BestFitAllocator
 from membudget.core.allocators.block import Block
@@ -67,7 +69,7 @@ class TwoSidedAllocator(BestFitAllocator):
     def _topmost_fit(self, n: int) -> Block | None:
         """The highest-address hole of at least ``n`` bytes (pinned storages pack from the top)."""
         holes = self._holes
-        i = holes.bisect_left((n, -1))
+        i = bisect_left(holes, (n, -1))
         if i == len(holes):
             return None
-        return self._hole_at[max(addr for _, addr in holes.islice(i))]
+        return self._hole_at[max(addr for _, addr in islice(holes, i, None))]
