@@ -42,6 +42,7 @@ import datetime
 import gc
 import os
 import platform
+import shutil
 import statistics
 import sys
 import time
@@ -226,7 +227,11 @@ else:
         loop(n)
 gc.collect()
 """
-ICOUNT_OPS = (1000, 3000)
+ICOUNT_OPS = (1000, 9000)
+# One thread everywhere: an idle OpenBLAS or OpenMP worker spins, and valgrind counts the
+# spinning, which moved the figure by a few thousand instructions per op from run to run.
+_ICOUNT_ENV = {"PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+               "MKL_NUM_THREADS": "1"}
 
 
 def instructions(variant: str) -> int:
@@ -236,8 +241,11 @@ def instructions(variant: str) -> int:
     import subprocess
 
     code = _ICOUNT_CHILD.format(bench=str(Path(__file__).resolve().parent))
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    runs = [subprocess.Popen(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+    env = {**os.environ, **_ICOUNT_ENV}
+    # the same addresses in every run (dict and set layouts follow them), where setarch can
+    norandom = ["setarch", platform.machine(), "-R"] if shutil.which("setarch") else []
+    runs = [subprocess.Popen([*norandom, "valgrind", "--tool=callgrind",
+                              "--callgrind-out-file=/dev/null",
                               sys.executable, "-c", code, variant, str(n)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                              env=env) for n in ICOUNT_OPS]
@@ -258,8 +266,10 @@ def instructions_markdown(policies: Sequence[str]) -> list[str]:
     plain = counts["plain"]
     lines = ["Instructions per `y = y + 1.0` (8 floats), counted by valgrind's callgrind: the "
              f"difference of two runs of {ICOUNT_OPS[0]:,} and {ICOUNT_OPS[1]:,} ops, one "
-             "thread, `PYTHONHASHSEED=0` (a session's entry, exit and deferred collection "
-             "included, as above). Unlike the times, these do not drift with the machine.", "",
+             "thread (BLAS and OpenMP pools too), `PYTHONHASHSEED=0`, address randomization "
+             "off (a session's entry, exit and deferred collection included, as above). "
+             "Unlike the times, these do not drift with the machine; repeated runs agree to "
+             "within about 0.5k.", "",
              "| run | instructions per op | over plain |", "|---|---:|---:|"]
     for v, c in counts.items():
         name = {"plain": "plain", "bare": "bare wrapper mode"}.get(v, f"session, {v}")
