@@ -358,7 +358,7 @@ class Session(TorchDispatchMode, ContextDecorator):
 
     def _write(self, call: OpCall, info: OpInfo, inputs: list[Tensor], args: tuple,
                kwargs: dict) -> Any:
-        """``dispatch`` for an op that writes some of its arguments."""
+        """``__torch_dispatch__`` for an op that writes some of its arguments."""
         eng = self.engine
         assert eng is not None
         func, rec = call.func, self.recording
