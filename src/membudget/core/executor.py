@@ -21,8 +21,7 @@ class Executor(ABC):
     def probe(self, path: ComputePath) -> tuple[list[int], list[int] | None, float]:
         """Run a new op whose outputs the caller could not describe (its inputs are locked
         and materialized) and return their bytes, aliased inputs (None: none aliases an
-        input) and the op's cost; the
-        following ``run`` only keeps the result."""
+        input) and the op's cost; the following ``run`` only keeps the result."""
         raise NotImplementedError(f"{type(self).__name__} needs output sizes up front")
 
     @abstractmethod
