@@ -26,7 +26,8 @@ that the plain and in-session numbers of a repetition share the machine's noise:
    Each policy runs with its own default pool (coop: two-sided). Before the timed rounds, a
    scan runs one step of each policy at ratios 0.95, 0.9, … 0.35 (``--no-scan`` skips it);
    the smallest that completes is timed in the rounds as one more row, so that some row
-   shows eviction and recomputation.
+   shows eviction and recomputation. Last, the rows that evicted nothing run again with one
+   intra-op thread, whose step times this shared machine disturbs far less.
 
 With ``--instructions`` it also counts the instructions per op under valgrind, a figure the
 machine's drifting speed cannot touch.
@@ -41,6 +42,7 @@ import argparse
 import copy
 import datetime
 import gc
+import math
 import os
 import platform
 import shutil
@@ -79,6 +81,23 @@ def log(msg: str) -> None:
 
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
+
+
+def median_interval(xs: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """A distribution-free confidence interval for the median of ``xs``: the k-th smallest
+    and k-th largest values, k the largest rank whose binomial(n, 1/2) tail is at most
+    (1 - level)/2; returns (low, high, the interval's exact confidence)."""
+    xs = sorted(xs)
+    n = len(xs)
+    tail, k = 0.0, 0
+    while True:
+        nxt = tail + math.comb(n, k) / 2**n  # P(fewer than k + 1 values below the median)
+        if nxt > (1 - level) / 2:
+            break
+        tail, k = nxt, k + 1
+    if k == 0:  # too few values for that level: the whole range
+        return xs[0], xs[-1], 1 - 2 / 2**n
+    return xs[k - 1], xs[n - k], 1 - 2 * tail
 
 
 def span(xs: Sequence[int]) -> str:
@@ -614,12 +633,54 @@ def scan_markdown(scans: dict[str, list[ScanPoint]], peak: int) -> list[str]:
     return lines
 
 
-def measure_gpt2(policies: Sequence[str], quick: bool, rounds: int, do_scan: bool,
-                 ) -> tuple[list[StepRow], int, int, str, dict[str, list[ScanPoint]]]:
+@dataclass
+class StepRuns:
+    """The GPT-2 measurements: the timed rows (``rows[0]`` eager) at the default threads,
+    the rows that evicted nothing again with one thread (``single``), and the scans."""
+
+    desc: str
+    peak: int
+    ops: int
+    rows: list[StepRow]
+    single: list[StepRow]
+    scans: dict[str, list[ScanPoint]]
+
+
+def run_rounds(rows: Sequence[StepRow], model: torch.nn.Module, ids: torch.Tensor, state: dict,
+               ref_loss: torch.Tensor, ref_grads: Sequence[torch.Tensor | None],
+               rounds: int) -> None:
+    """``rounds`` rounds each running every session row once beside an eager step of its
+    own (into ``rows[0]``), the eager step first in even rounds and second in odd ones: each
+    pair shares the machine's noise of its moment, and the order cancels out."""
+    eager = rows[0]
+
+    def eager_once() -> Step:
+        timed, loss = eager_step(model, ids, state)
+        eager.steps.append(timed)
+        eager.loss_equal.append(torch.equal(loss, ref_loss))
+        eager.grads_equal.append(same_grads(model, ref_grads))
+        log(f"  eager: {timed.wall:.2f} s")
+        return timed
+
+    for k in range(rounds):
+        log(f" round {k + 1}/{rounds}")
+        for row in rows[1:]:
+            if row.failure is not None:
+                continue
+            if k % 2 == 0:
+                plain = eager_once()
+                timed = run_once(row, model, ids, state, ref_loss, ref_grads)
+            else:
+                timed = run_once(row, model, ids, state, ref_loss, ref_grads)
+                plain = eager_once()
+            if timed is not None:
+                row.paired.append(plain)
+
+
+def measure_gpt2(policies: Sequence[str], quick: bool, rounds: int, do_scan: bool) -> StepRuns:
     """Warm up, find the unconstrained peak (and with ``do_scan`` one step of each policy at
-    each ratio of SCAN), then ``rounds`` rounds each running every (policy, budget) once
-    beside an eager step of its own, the eager step first in even rounds and second in odd
-    ones: each pair shares the machine's noise of its moment, and the order cancels out."""
+    each ratio of SCAN), time every (policy, budget) in ``rounds`` rounds, then the rows
+    that evicted nothing again with one intra-op thread (see ``run_rounds``)."""
     model, ids, desc = build_gpt2(quick)
     state = copy.deepcopy(model.state_dict())
     log(f"\n== GPT-2 step: {desc}")
@@ -646,28 +707,27 @@ def measure_gpt2(policies: Sequence[str], quick: bool, rounds: int, do_scan: boo
         rows += [StepRow(policy, int(peak * r), f"{r:.3g}", scanned=flag)
                  for r, flag in sorted(ratios, reverse=True)]
 
-    def eager_once() -> Step:
-        timed, loss = eager_step(model, ids, state)
-        eager.steps.append(timed)
-        eager.loss_equal.append(torch.equal(loss, ref_loss))
-        eager.grads_equal.append(same_grads(model, ref_grads))
-        log(f"  eager: {timed.wall:.2f} s")
-        return timed
+    run_rounds(rows, model, ids, state, ref_loss, ref_grads, rounds)
 
-    for k in range(rounds):
-        log(f" round {k + 1}/{rounds}")
-        for row in rows[1:]:
-            if row.failure is not None:
-                continue
-            if k % 2 == 0:
-                plain = eager_once()
-                timed = run_once(row, model, ids, state, ref_loss, ref_grads)
-            else:
-                timed = run_once(row, model, ids, state, ref_loss, ref_grads)
-                plain = eager_once()
-            if timed is not None:
-                row.paired.append(plain)
-    return rows, peak, ops, desc, scans
+    # The same steps with one intra-op thread: this machine's second core is shared, and a
+    # parallel kernel waits for its slower thread, so two-thread step times swing by tens of
+    # percent while one-thread ones hold within a few (and the runtime's cost, on the main
+    # thread, is the same; it is a smaller share of the longer step).
+    single = [StepRow("eager")] + [
+        StepRow(r.policy, r.budget, r.ratio, scanned=r.scanned) for r in rows[1:]
+        if r.steps and all(st.evictions == 0 for st in r.stats)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        log("\n  one intra-op thread: warm-up eager step (its own reference: kernels split "
+            "their sums by thread) and session …")
+        _, one_loss = eager_step(model, ids, state)
+        one_grads = grads_of(model)
+        session_step(model, ids, state, UNCONSTRAINED, "dtr")
+        run_rounds(single, model, ids, state, one_loss, one_grads, rounds)
+    finally:
+        torch.set_num_threads(threads)
+    return StepRuns(desc, peak, ops, rows, single, scans)
 
 
 def ratios(row: StepRow, of: Callable[[Step], float]) -> list[float]:
@@ -677,11 +737,10 @@ def ratios(row: StepRow, of: Callable[[Step], float]) -> list[float]:
 
 def steps_markdown(rows: Sequence[StepRow]) -> list[str]:
     eager = median([s.wall for s in rows[0].steps])
-    fastest = min(s.wall for s in rows[0].steps)
     lines = ["| policy | budget | budget MB | step s (median) | vs eager, paired: median "
-             "(range) | fastest vs fastest eager | CPU vs eager, paired | runtime's own work "
-             "ms (of eager step) | evictions | remat ops | remat s (est.) | peak MB | policy "
-             "search p50 µs | loss = eager | grads = eager |",
+             "[interval] | fastest vs fastest partner | CPU vs eager, paired | runtime's own "
+             "work ms (of eager step) | evictions | remat ops | remat s (est.) | peak MB | "
+             "policy search p50 µs | loss = eager | grads = eager |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
 
     def yes(xs: Sequence[bool]) -> str:
@@ -689,9 +748,8 @@ def steps_markdown(rows: Sequence[StepRow]) -> list[str]:
 
     for r in rows:
         if r.policy == "eager":
-            lines.append(f"| eager (no session) | — | — | {eager:.2f} | 1.00 | 1.00 "
-                         f"({fastest:.2f} s) | 1.00 | — | — | — | — | — | — | "
-                         f"{yes(r.loss_equal)} | {yes(r.grads_equal)} |")
+            lines.append(f"| eager (no session) | — | — | {eager:.2f} | 1.00 | 1.00 | 1.00 | "
+                         f"— | — | — | — | — | — | {yes(r.loss_equal)} | {yes(r.grads_equal)} |")
             continue
         budget_mb = mb(r.budget or 0)
         label = f"{r.ratio} × peak"
@@ -703,12 +761,14 @@ def steps_markdown(rows: Sequence[StepRow]) -> list[str]:
             continue
         t = median([s.wall for s in r.steps])
         wall = ratios(r, lambda s: s.wall)
+        lo, hi, _ = median_interval(wall)
+        fastest = min(s.wall for s in r.steps) / min(s.wall for s in r.paired)
         own = median([s.own for s in r.steps])
         note = f" ({r.failure})" if r.failure else ""
         st = r.stats
         lines.append(
             f"| {r.policy} | {label} | {budget_mb} | {t:.2f}{note} | {median(wall):.2f} "
-            f"({min(wall):.2f}–{max(wall):.2f}) | {min(s.wall for s in r.steps) / fastest:.2f} | "
+            f"[{lo:.2f}–{hi:.2f}] | {fastest:.2f} | "
             f"{median(ratios(r, lambda s: s.cpu)):.2f} | "
             f"{own * 1e3:.0f} ({own / eager:.1%}) | "
             f"{span([s.evictions for s in st])} | {span([s.remat_ops for s in st])} | "
@@ -752,8 +812,8 @@ def main() -> None:
     empty = {p: empty_session_us(p, op_reps) for p in policies}
     t_ops = time.perf_counter() - t_start
     counted = instructions_markdown(policies) if args.instructions else []
-    step_rows, peak, step_ops, desc, scans = measure_gpt2(policies, args.quick, step_reps,
-                                                          not args.no_scan)
+    runs = measure_gpt2(policies, args.quick, step_reps, not args.no_scan)
+    peak, scans = runs.peak, runs.scans
     wall = time.perf_counter() - t_start
 
     import transformers
@@ -775,22 +835,25 @@ def main() -> None:
         *ops_markdown(op_rows, descs, n_ops, op_reps, empty), "",
         *([*counted, ""] if counted else []),
         "## GPT-2 training step", "",
-        f"{desc}. Pools: "
+        f"{runs.desc}. Pools: "
         + ", ".join(f"{p} {pool}" for p, (_, pool) in empty.items())
         + ". One step = forward + backward from `load_state_dict` and "
         "`zero_grad(set_to_none=True)` done outside the session and outside the timing; "
         "`torch.manual_seed(1)` before each step, so dropout draws are identical. In-session "
         "times include entering and leaving the session (handing out the loss and gradients). "
-        f"Unconstrained dtr session peak: {mb(peak)} MB over {step_ops:,} aten ops; the ratios "
+        f"Unconstrained dtr session peak: {mb(peak)} MB over {runs.ops:,} aten ops; the ratios "
         f"scale that peak. After a warm-up eager step and a warm-up unconstrained session, "
         f"{step_reps} rounds each ran every session row once, in table order, beside an "
         "eager step of its own: eager first in even rounds, second in odd ones. \"vs eager, "
         "paired\" is the median (and range) over the rounds of each session step's time over "
         "its eager partner's: the two share the machine's speed of that moment, which drifts "
-        "by tens of percent over a run; \"fastest vs fastest eager\" is the row's fastest step "
-        "over the fastest of all eager steps: the machine's interference only ever adds time, "
-        "so the fastest steps are the nearest to an undisturbed machine (as the per-op "
-        "\"fastest reps\" are). \"CPU\" does the paired ratio with the process's CPU time. "
+        "by tens of percent over a run; in brackets, the order statistics that bound that "
+        "median with at least 95 % confidence (distribution-free: the k-th smallest and "
+        "largest ratio, k from the binomial(n, 1/2) tails). \"Fastest vs fastest partner\": "
+        "the row's fastest step over the fastest of its eager partners (the machine's "
+        "interference only ever adds time, so the fastest steps are the nearest to an "
+        "undisturbed machine, as the per-op \"fastest reps\" are). \"CPU\" does the paired "
+        "ratio with the process's CPU time. "
         "\"Runtime's own work\" is the time spent inside the "
         "session's dispatch, entering and leaving, less the ops' own run time, recomputation "
         "(`op_seconds`, `remat_seconds`) and the freeing of tensors' memory (which eager "
@@ -799,7 +862,17 @@ def main() -> None:
         "Evictions and remat ops show a range when the repetitions differ "
         "(dtr's heuristic reads measured op times). \"remat s (est.)\": recomputation time "
         "estimated from the recomputed ops' first-run times.", "",
-        *steps_markdown(step_rows), ""]
+        *steps_markdown(runs.rows), "",
+        "### One intra-op thread", "",
+        f"The rows above that evicted nothing, again in {step_reps} rounds with "
+        "`torch.set_num_threads(1)`, after a warm-up eager step and session at one thread (the "
+        "eager step is also the reference here: a kernel splits its sums by thread). "
+        "This machine's second core is shared with other work, and a parallel kernel waits "
+        "for its slower thread, so the two-thread steps above swing by tens of percent; with "
+        "one thread they hold within a few, and the ratio is resolved. The runtime's own work "
+        "runs on the main thread either way, so it is the same in milliseconds and a smaller "
+        "share of the longer one-thread step: the two tables bracket the overhead.", "",
+        *steps_markdown(runs.single), ""]
     if scans:
         lines += ["### Ratio scan", "",
                   "Before the timed rounds, one step of each policy at each ratio of the dtr "
