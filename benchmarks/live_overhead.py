@@ -711,8 +711,8 @@ def measure_gpt2(policies: Sequence[str], quick: bool, rounds: int, do_scan: boo
 
     # The same steps with one intra-op thread: this machine's second core is shared, and a
     # parallel kernel waits for its slower thread, so two-thread step times swing by tens of
-    # percent while one-thread ones hold within a few (and the runtime's cost, on the main
-    # thread, is the same; it is a smaller share of the longer step).
+    # percent while one-thread ones vary by a few (and the runtime's cost, on the main
+    # thread, is about the same; it is a smaller share of the longer step).
     single = [StepRow("eager")] + [
         StepRow(r.policy, r.budget, r.ratio, scanned=r.scanned) for r in rows[1:]
         if r.steps and all(st.evictions == 0 for st in r.stats)]
@@ -845,7 +845,7 @@ def main() -> None:
         f"scale that peak. After a warm-up eager step and a warm-up unconstrained session, "
         f"{step_reps} rounds each ran every session row once, in table order, beside an "
         "eager step of its own: eager first in even rounds, second in odd ones. \"vs eager, "
-        "paired\" is the median (and range) over the rounds of each session step's time over "
+        "paired\" is the median over the rounds of each session step's time over "
         "its eager partner's: the two share the machine's speed of that moment, which drifts "
         "by tens of percent over a run; in brackets, the order statistics that bound that "
         "median with at least 95 % confidence (distribution-free: the k-th smallest and "
@@ -869,9 +869,9 @@ def main() -> None:
         "eager step is also the reference here: a kernel splits its sums by thread). "
         "This machine's second core is shared with other work, and a parallel kernel waits "
         "for its slower thread, so the two-thread steps above swing by tens of percent; with "
-        "one thread they hold within a few, and the ratio is resolved. The runtime's own work "
-        "runs on the main thread either way, so it is the same in milliseconds and a smaller "
-        "share of the longer one-thread step: the two tables bracket the overhead.", "",
+        "one thread they vary by a few, and the interval of the ratio narrows. The runtime's "
+        "own work runs on the main thread either way, so it is about the same in "
+        "milliseconds and a smaller share of the longer one-thread step.", "",
         *steps_markdown(runs.single), ""]
     if scans:
         lines += ["### Ratio scan", "",
