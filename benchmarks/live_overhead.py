@@ -15,8 +15,8 @@ that the plain and in-session numbers of a repetition share the machine's noise:
    constraint (budget 10^11 B, dtr), then each policy at 1.0, 0.5 and 0.3 of that peak, in
    rounds that each run every row once beside an eager step of its own. "vs eager" is the
    median over the rounds of each in-session step time over its eager partner's, and
-   "fastest vs fastest" the row's fastest step over the fastest eager one (the machine's
-   interference only ever adds time): above 1 is slower. "runtime's own work" is the time
+   "fastest vs fastest" the row's fastest step over the fastest of its eager partners (the
+   machine's interference only ever adds time): above 1 is slower. "runtime's own work" is the time
    the session spends on its own bookkeeping in a step, measured inside it (ops,
    recomputation and the freeing of memory, which eager does too, left out).
    "loss/grads = eager" says whether every repetition's loss and gradients were bitwise
@@ -83,10 +83,10 @@ def median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
 
 
-def median_interval(xs: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-    """A distribution-free confidence interval for the median of ``xs``: the k-th smallest
-    and k-th largest values, k the largest rank whose binomial(n, 1/2) tail is at most
-    (1 - level)/2; returns (low, high, the interval's exact confidence)."""
+def median_interval(xs: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval (at least ``level``) for the median of ``xs``:
+    the k-th smallest and k-th largest values, k the largest rank whose binomial(n, 1/2)
+    tail is at most (1 - level)/2 (the whole range when n is too small for that)."""
     xs = sorted(xs)
     n = len(xs)
     tail, k = 0.0, 0
@@ -95,9 +95,8 @@ def median_interval(xs: Sequence[float], level: float = 0.95) -> tuple[float, fl
         if nxt > (1 - level) / 2:
             break
         tail, k = nxt, k + 1
-    if k == 0:  # too few values for that level: the whole range
-        return xs[0], xs[-1], 1 - 2 / 2**n
-    return xs[k - 1], xs[n - k], 1 - 2 * tail
+    k = max(k, 1)
+    return xs[k - 1], xs[n - k]
 
 
 def span(xs: Sequence[int]) -> str:
@@ -761,7 +760,7 @@ def steps_markdown(rows: Sequence[StepRow]) -> list[str]:
             continue
         t = median([s.wall for s in r.steps])
         wall = ratios(r, lambda s: s.wall)
-        lo, hi, _ = median_interval(wall)
+        lo, hi = median_interval(wall)
         fastest = min(s.wall for s in r.steps) / min(s.wall for s in r.paired)
         own = median([s.own for s in r.steps])
         note = f" ({r.failure})" if r.failure else ""
