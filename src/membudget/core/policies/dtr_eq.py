@@ -42,20 +42,22 @@ class DTREq(CostPolicy):
         return sum(r.val for r in roots)
 
     def on_evict(self, s: Storage) -> None:
-        root = _Node(s.cost)
-        s.uf = root
-        for n in chain(s.parents, s.children):
-            if not n.evicted:
-                continue
-            other = _find(n.uf)
-            if other is root:
-                continue
-            if other.rank > root.rank:
-                root, other = other, root
-            other.parent = root
-            root.val += other.val
-            if other.rank == root.rank:
-                root.rank += 1
+        root = s.uf = _Node(s.cost)
+        for neighbours in (s.parents, s.children):  # (on every eviction: no chain object)
+            for n in neighbours:
+                if not n.evicted:
+                    continue
+                other = n.uf.parent  # n's class root is its parent's (most often that)
+                if other.parent is not other:
+                    other = _find(other)
+                if other is root:
+                    continue
+                if other.rank > root.rank:
+                    root, other = other, root
+                other.parent = root
+                root.val += other.val
+                if other.rank == root.rank:
+                    root.rank += 1
 
     def on_remat(self, s: Storage) -> None:
         node = s.uf
