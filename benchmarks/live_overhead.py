@@ -32,7 +32,7 @@ that the plain and in-session numbers of a repetition share the machine's noise:
 With ``--instructions`` it also counts the instructions per op under valgrind, a figure the
 machine's drifting speed cannot touch.
 
-Run: python benchmarks/live_overhead.py [--quick] [--instructions] [--policies dtr,coop]
+Run: python benchmarks/live_overhead.py [--quick] [--instructions] [--policies dtr,dtr-eq,coop]
 [--out FILE.md]
 """
 
@@ -73,6 +73,7 @@ SCAN = tuple(round(0.95 - 0.05 * k, 2) for k in range(13))  # 0.95 … 0.35, one
 ABOVE_PEAK = (1.0, 1.05, 1.1, 1.25, 1.5, 2.0)  # tried in turn when no scanned ratio completes
 UNCONSTRAINED = 10**11
 OP_BUDGET = "1 GiB"
+DEFAULT_POLICIES = "dtr,dtr-eq,coop"
 
 
 def log(msg: str) -> None:
@@ -784,7 +785,9 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: GPT-2 with n_embd 128, 2 layers, seq 64; fewer op loops")
-    ap.add_argument("--policies", default="dtr,coop", help="comma-separated (default dtr,coop)")
+    ap.add_argument("--policies", default=DEFAULT_POLICIES,
+                    help=f"comma-separated (default {DEFAULT_POLICIES}; dtr-eq is the "
+                         "session's own default)")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help=f"report path (default {DEFAULT_OUT})")
     ap.add_argument("--ops", type=int, default=None, help="ops per loop (default 5000; quick 500)")
     ap.add_argument("--op-reps", type=int, default=None,
@@ -819,7 +822,7 @@ def main() -> None:
 
     cmd = "python benchmarks/live_overhead.py" + (" --quick" if args.quick else "")
     cmd += " --instructions" if args.instructions else ""
-    if args.policies != "dtr,coop":
+    if args.policies != DEFAULT_POLICIES:
         cmd += f" --policies {args.policies}"
     lines = [
         "# Live runtime overhead" + (" (quick run)" if args.quick else ""), "",
