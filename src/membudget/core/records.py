@@ -29,7 +29,6 @@ class Storage:
         "ev_parents",  # how many parents are evicted
         "evicted",
         "ext_refs",  # references held by the program over all its tensors
-        "free_adj",  # free bytes directly before and after its block (layout-aware pools)
         "id",
         "kind",  # free-form label: "leaf", "activation", ...
         "last_access",  # logical clock of the last read or write
@@ -67,9 +66,19 @@ class Storage:
         self.slot = -1
         self.seq = 0
         self.block: Block | None = None
-        self.free_adj = 0
         self.remats = 0
         self.uf: object | None = None
+
+    @property
+    def free_adj(self) -> int:
+        """Free bytes directly before and after its block (0 without one): read from the
+        layout when the candidate pool syncs, so allocators only mark the rows that change."""
+        b = self.block
+        if b is None:
+            return 0
+        p, n = b.prev, b.next
+        return (p.size if p is not None and p.storage is None else 0) + (
+            n.size if n is not None and n.storage is None else 0)
 
     def __repr__(self) -> str:
         state = "dead" if self.dead else "evicted" if self.evicted else (

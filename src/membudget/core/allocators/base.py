@@ -29,8 +29,9 @@ class Allocator(ABC):
 
     ``allocate`` either places the storage and returns True or changes nothing and returns
     False; the engine then evicts and retries. Layout-aware allocators (``has_layout``) give
-    each placed storage a :class:`Block`, keep ``storage.free_adj`` (free bytes directly
-    around it) current, and mark the storage stale in the candidate pool the engine attaches.
+    each placed storage a :class:`Block` and, when the free bytes directly around a candidate
+    change (``Storage.free_adj``, read from the layout), mark its row stale in the candidate
+    pool the engine attaches.
     """
 
     name: str = ""
@@ -93,7 +94,6 @@ class LayoutAllocator(Allocator):
         old.block = None
         b.storage = new
         new.block = b
-        new.free_adj = old.free_adj
         if self.observer is not None:
             self.observer.on_alloc(new, b)
 
@@ -124,20 +124,25 @@ class LayoutAllocator(Allocator):
             unlink(nxt)
         return b
 
-    def _refresh_around(self, b: Block) -> None:
-        """Recompute ``free_adj`` of the storages in ``b`` and in the blocks beside it."""
-        for x in (b.prev, b, b.next):
-            if x is not None and x.storage is not None:
-                self._refresh(x)
+    def _mark_beside(self, b: Block) -> None:
+        """The free bytes beside the blocks around ``b`` changed: mark the pool rows of the
+        storages in them stale (a storage being placed is never a candidate yet)."""
+        pool = self.pool
+        if pool is None:
+            return
+        for x in (b.prev, b.next):
+            if x is not None:
+                s = x.storage
+                if s is not None and s.slot >= 0:
+                    pool.stale.append(s)
 
-    def _refresh(self, b: Block) -> None:
-        """Recompute ``free_adj`` of the storage in ``b`` (marking its pool row stale)."""
-        s = b.storage
-        assert s is not None
-        p, n = b.prev, b.next
-        adj = (p.size if p is not None and p.storage is None else 0) + (
-            n.size if n is not None and n.storage is None else 0)
-        if adj != s.free_adj:
-            s.free_adj = adj
-            if s.slot >= 0 and self.pool is not None:
-                self.pool.stale.append(s)
+    def _check_rows(self) -> None:
+        """Assert that every candidate whose pool row is not marked stale has its current
+        ``free_adj`` in that row (the allocator marked every row it changed)."""
+        pool = self.pool
+        if pool is None:
+            return
+        stale = set(pool.stale)
+        for s in pool.items:
+            if s not in stale:
+                assert pool.free_adj[s.slot] == s.free_adj, f"unmarked free_adj of {s}"

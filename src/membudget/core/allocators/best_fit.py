@@ -94,10 +94,14 @@ class BestFitAllocator(LayoutAllocator):
         self.used += n
         if self.used > self.peak:
             self.peak = self.used
-        # the free bytes around b, and around the storages beside b and the shrunk hole
-        for x in (first.prev, b, last.next):
-            if x is not None and x.storage is not None:
-                self._refresh(x)
+        # the storages before b and after the shrunk hole lost free neighbour bytes
+        pool = self.pool
+        if pool is not None:
+            for x in (first.prev, last.next):
+                if x is not None:
+                    t = x.storage
+                    if t is not None and t.slot >= 0:
+                        pool.stale.append(t)
         if self.observer is not None:
             self.observer.on_alloc(s, b)
         return b
@@ -106,7 +110,7 @@ class BestFitAllocator(LayoutAllocator):
         b = self._release(s)
         if b is not None:
             self._add_hole(b)
-            self._refresh_around(b)
+            self._mark_beside(b)
 
     _unindex = _remove_hole
 
@@ -124,11 +128,13 @@ class BestFitAllocator(LayoutAllocator):
     # ------------------------------------------------------------------ checking
     def check(self) -> None:
         """Assert the pool's invariants (used by tests): blocks tile [0, capacity) in address
-        order, no two free blocks touch, the hole index matches, ``used`` is right."""
+        order, no two free blocks touch, the hole index matches, ``used`` is right, and the
+        candidate pool's free-neighbour rows are current or marked."""
         check_tiling(self.layout(), 0, self.capacity)
         holes = [(b.size, b.addr) for b in self.layout() if b.storage is None]
         assert sorted(holes) == list(self._holes), "hole index out of date"
         assert self.used == sum(b.size for b in self.layout() if b.storage is not None)
+        self._check_rows()
 
 
 def check_tiling(blocks: list[Block], start: int, end: int) -> None:

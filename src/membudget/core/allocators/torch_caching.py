@@ -131,7 +131,7 @@ class TorchCachingAllocator(LayoutAllocator):
         b = self._release(s)
         if b is not None:
             self._add_free(b, self._segments[b.segment].pool)
-            self._refresh_around(b)
+            self._mark_beside(b)
 
     def _unindex(self, b: Block) -> None:
         self._remove_free(b, self._segments[b.segment].pool)
@@ -223,16 +223,14 @@ class TorchCachingAllocator(LayoutAllocator):
             link_after(tail, block)
             block.size = size
             self._add_free(tail, pool)
-            after = tail.next  # its free neighbour shrank
-            if after is not None and after.storage is not None:
-                self._refresh(after)
+            self._mark_beside(tail)  # the block after it: its free neighbour shrank
         block.storage = s
         s.block = block
         self.used += block.size
         if self.used > self.peak:
             self.peak = self.used
         self.requested += s.nbytes
-        self._refresh_around(block)
+        self._mark_beside(block)
         if self.observer is not None:
             self.observer.on_alloc(s, block)
 
@@ -252,8 +250,8 @@ class TorchCachingAllocator(LayoutAllocator):
     def check(self) -> None:
         """Assert the invariants (used by tests): each segment is tiled by its own blocks,
         segments do not overlap, coalescing is complete, the free-block indexes match, every
-        storage sits in its pool in a block big enough for it with its ``free_adj`` current,
-        and the byte counters are right."""
+        storage sits in its pool in a block big enough for it, the byte counters are right
+        and the candidate pool's free-neighbour rows are current or marked."""
         used = requested = reserved = 0
         end = 0
         free_of: dict[bool, list[tuple[int, int]]] = {True: [], False: []}  # by pool.small
@@ -278,8 +276,6 @@ class TorchCachingAllocator(LayoutAllocator):
                     n = b.storage.nbytes
                     assert b.size >= round_size(n), f"{b} too small for {b.storage}"
                     assert (round_size(n) <= SMALL_SIZE) == g.pool.small, f"{b} wrong pool"
-                    adj = sum(x.size for x in (b.prev, b.next) if x is not None and x.free)
-                    assert b.storage.free_adj == adj, f"stale free_adj of {b.storage}"
                     used += b.size
                     requested += n
             if len(blocks) == 1 and blocks[0].storage is None:
@@ -293,6 +289,7 @@ class TorchCachingAllocator(LayoutAllocator):
         assert reserved == self.reserved, f"reserved {self.reserved}, segments {reserved}"
         assert self.reserved <= self.capacity, "reserved more than the device has"
         assert self.used <= self.peak and self.reserved <= self.peak_reserved
+        self._check_rows()
 
 
 def _size_addr(b: Block) -> tuple[int, int]:
