@@ -27,24 +27,30 @@ that the plain and in-session numbers of a repetition share the machine's noise:
    scan runs one step of each policy at ratios 0.95, 0.9, … 0.35 (``--no-scan`` skips it);
    the smallest that completes is timed in the rounds as one more row, so that some row
    shows eviction and recomputation. Last, the rows that evicted nothing run again with one
-   intra-op thread, whose step times this shared machine disturbs far less.
+   intra-op thread, whose step times this shared machine disturbs far less. glibc is told to
+   keep freed memory for this part (``--system-malloc`` does not): by default it unmaps
+   every freed tensor over 32 MiB, and the page faults of the next step cost 1–2 s of
+   kernel time that swings with the machine's load, for eager and session alike.
 
 With ``--instructions`` it also counts the instructions per op under valgrind, a figure the
 machine's drifting speed cannot touch.
 
 Run: python benchmarks/live_overhead.py [--quick] [--instructions] [--policies dtr,dtr-eq,coop]
-[--out FILE.md]
+[--system-malloc] [--out FILE.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
+import ctypes.util
 import datetime
 import gc
 import math
 import os
 import platform
+import resource
 import shutil
 import statistics
 import sys
@@ -74,6 +80,8 @@ ABOVE_PEAK = (1.0, 1.05, 1.1, 1.25, 1.5, 2.0)  # tried in turn when no scanned r
 UNCONSTRAINED = 10**11
 OP_BUDGET = "1 GiB"
 DEFAULT_POLICIES = "dtr,dtr-eq,coop"
+MALLOC_AS_IS = ("glibc's malloc as it is, which unmaps every freed tensor over 32 MiB, so each "
+                "step faults in their pages afresh")
 
 
 def log(msg: str) -> None:
@@ -374,12 +382,49 @@ def ops_markdown(rows: Sequence[OpRow], descs: dict[str, str], n: int, reps: int
 # ---------------------------------------------------------------------------- GPT-2 step
 @dataclass
 class Step:
-    """One timed step: wall and process CPU seconds, and for a session step the seconds the
-    runtime spent on its own work (see ``TimedSession``)."""
+    """One timed step: wall and process CPU seconds, minor page faults, and for a session
+    step the seconds the runtime spent on its own work (see ``TimedSession``)."""
 
     wall: float
     cpu: float
+    faults: int
     own: float = 0.0
+
+
+def clocks() -> tuple[float, float, int]:
+    """Wall seconds, process CPU seconds and minor page faults so far (``Step`` takes
+    differences)."""
+    return time.perf_counter(), time.process_time(), resource.getrusage(
+        resource.RUSAGE_SELF).ru_minflt
+
+
+def step_since(start: tuple[float, float, int], own: float = 0.0) -> Step:
+    wall, cpu, faults = clocks()
+    return Step(wall - start[0], cpu - start[1], faults - start[2], own)
+
+
+def keep_freed_memory() -> str:
+    """Make glibc keep freed memory in the process (no mmap for large blocks, no trimming),
+    as a device's caching allocator does; return what the report should say.
+
+    By default glibc maps every block over 32 MiB on its own and unmaps it when freed, so
+    each step faults in ~350k fresh zeroed pages, 1–2 s of kernel time per step that swings
+    by 2× with the machine's load, for eager and session alike.
+    """
+    libc_name = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(libc_name).mallopt if libc_name else None
+    except (OSError, AttributeError):
+        mallopt = None
+    m_trim_threshold, m_mmap_max = -1, -4  # from glibc's malloc.h
+    if mallopt is None or not (mallopt(m_mmap_max, 0) and mallopt(m_trim_threshold, 2**31 - 1)):
+        return MALLOC_AS_IS + " (`mallopt` was not available)"
+    return ("glibc's malloc told to keep freed memory (`mallopt(M_MMAP_MAX, 0)`, "
+            "`mallopt(M_TRIM_THRESHOLD, 2^31 - 1)`) as a device's caching allocator does, "
+            "for eager and session alike: by default it unmaps every freed tensor over 32 MiB "
+            "and the next step faults in ~350k fresh pages, 1–2 s of kernel time per step "
+            "that swings by 2× with the machine's load (`--system-malloc` keeps that "
+            "behaviour)")
 
 
 @dataclass
@@ -508,9 +553,9 @@ def same_grads(model: torch.nn.Module, ref: Sequence[torch.Tensor | None]) -> bo
 def eager_step(model: torch.nn.Module, ids: torch.Tensor, state: dict) -> tuple[Step, Any]:
     reset(model, state)
     gc.collect()
-    c0, t0 = time.process_time(), time.perf_counter()
+    start = clocks()
     loss = step(model, ids)
-    return Step(time.perf_counter() - t0, time.process_time() - c0), loss.detach()
+    return step_since(start), loss.detach()
 
 
 def session_step(model: torch.nn.Module, ids: torch.Tensor, state: dict, budget: int,
@@ -518,10 +563,10 @@ def session_step(model: torch.nn.Module, ids: torch.Tensor, state: dict, budget:
     """One step inside a session; the time includes entering and leaving it."""
     reset(model, state)
     gc.collect()
-    c0, t0 = time.process_time(), time.perf_counter()
+    start = clocks()
     with TimedSession(budget, policy) as session:
         loss = step(model, ids)
-    timed = Step(time.perf_counter() - t0, time.process_time() - c0, session.own_seconds())
+    timed = step_since(start, session.own_seconds())
     return timed, session.stats, value_of(loss).detach()
 
 
@@ -738,18 +783,20 @@ def ratios(row: StepRow, of: Callable[[Step], float]) -> list[float]:
 def steps_markdown(rows: Sequence[StepRow]) -> list[str]:
     eager = median([s.wall for s in rows[0].steps])
     lines = ["| policy | budget | budget MB | step s (median) | vs eager, paired: median "
-             "[interval] | fastest vs fastest partner | CPU vs eager, paired | runtime's own "
-             "work ms (of eager step) | evictions | remat ops | remat s (est.) | peak MB | "
-             "policy search p50 µs | loss = eager | grads = eager |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+             "[interval] | fastest vs fastest partner | CPU vs eager, paired | page faults "
+             "(median) | runtime's own work ms (of eager step) | evictions | remat ops | "
+             "remat s (est.) | peak MB | policy search p50 µs | loss = eager | grads = eager |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
 
     def yes(xs: Sequence[bool]) -> str:
         return f"yes ({len(xs)}/{len(xs)})" if all(xs) else f"**NO** ({sum(xs)}/{len(xs)})"
 
     for r in rows:
         if r.policy == "eager":
+            faults = median([s.faults for s in r.steps])
             lines.append(f"| eager (no session) | — | — | {eager:.2f} | 1.00 | 1.00 | 1.00 | "
-                         f"— | — | — | — | — | — | {yes(r.loss_equal)} | {yes(r.grads_equal)} |")
+                         f"{faults:,.0f} | — | — | — | — | — | — | {yes(r.loss_equal)} | "
+                         f"{yes(r.grads_equal)} |")
             continue
         budget_mb = mb(r.budget or 0)
         label = f"{r.ratio} × peak"
@@ -757,7 +804,7 @@ def steps_markdown(rows: Sequence[StepRow]) -> list[str]:
             label += " (smallest found in the scan)"
         if not r.steps:
             lines.append(f"| {r.policy} | {label} | {budget_mb} | {r.failure} | — | — | — | — | "
-                         "— | — | — | — | — | — | — |")
+                         "— | — | — | — | — | — | — | — |")
             continue
         t = median([s.wall for s in r.steps])
         wall = ratios(r, lambda s: s.wall)
@@ -770,6 +817,7 @@ def steps_markdown(rows: Sequence[StepRow]) -> list[str]:
             f"| {r.policy} | {label} | {budget_mb} | {t:.2f}{note} | {median(wall):.2f} "
             f"[{lo:.2f}–{hi:.2f}] | {fastest:.2f} | "
             f"{median(ratios(r, lambda s: s.cpu)):.2f} | "
+            f"{median([s.faults for s in r.steps]):,.0f} | "
             f"{own * 1e3:.0f} ({own / eager:.1%}) | "
             f"{span([s.evictions for s in st])} | {span([s.remat_ops for s in st])} | "
             f"{median([s.remat_seconds for s in st]):.3f} | "
@@ -800,6 +848,9 @@ def main() -> None:
                          "minutes)")
     ap.add_argument("--no-scan", action="store_true",
                     help="skip the one-step scan of ratios 0.95 … 0.35 (and its timed row)")
+    ap.add_argument("--system-malloc", action="store_true",
+                    help="time the GPT-2 steps with glibc's malloc as it is, which unmaps every "
+                         "freed large tensor (by default it is told to keep freed memory)")
     args = ap.parse_args()
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
@@ -814,6 +865,7 @@ def main() -> None:
     empty = {p: empty_session_us(p, op_reps) for p in policies}
     t_ops = time.perf_counter() - t_start
     counted = instructions_markdown(policies) if args.instructions else []
+    malloc = MALLOC_AS_IS if args.system_malloc else keep_freed_memory()
     runs = measure_gpt2(policies, args.quick, step_reps, not args.no_scan)
     peak, scans = runs.peak, runs.scans
     wall = time.perf_counter() - t_start
@@ -822,6 +874,7 @@ def main() -> None:
 
     cmd = "python benchmarks/live_overhead.py" + (" --quick" if args.quick else "")
     cmd += " --instructions" if args.instructions else ""
+    cmd += " --system-malloc" if args.system_malloc else ""
     if args.policies != DEFAULT_POLICIES:
         cmd += f" --policies {args.policies}"
     lines = [
@@ -839,7 +892,7 @@ def main() -> None:
         "## GPT-2 training step", "",
         f"{runs.desc}. Pools: "
         + ", ".join(f"{p} {pool}" for p, (_, pool) in empty.items())
-        + ". One step = forward + backward from `load_state_dict` and "
+        + f". Memory: {malloc}. One step = forward + backward from `load_state_dict` and "
         "`zero_grad(set_to_none=True)` done outside the session and outside the timing; "
         "`torch.manual_seed(1)` before each step, so dropout draws are identical. In-session "
         "times include entering and leaving the session (handing out the loss and gradients). "
@@ -855,7 +908,8 @@ def main() -> None:
         "the row's fastest step over the fastest of its eager partners (the machine's "
         "interference only ever adds time, so the fastest steps are the nearest to an "
         "undisturbed machine, as the per-op \"fastest reps\" are). \"CPU\" does the paired "
-        "ratio with the process's CPU time. "
+        "ratio with the process's CPU time (user and kernel); \"page faults\" counts the "
+        "minor faults of a step. "
         "\"Runtime's own work\" is the time spent inside the "
         "session's dispatch, entering and leaving, less the ops' own run time, recomputation "
         "(`op_seconds`, `remat_seconds`) and the freeing of tensors' memory (which eager "
