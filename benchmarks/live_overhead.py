@@ -399,18 +399,14 @@ def clocks() -> tuple[float, float, int]:
 
 
 def step_since(start: tuple[float, float, int], own: float = 0.0) -> Step:
+    """The step that began at ``start`` (a ``clocks()`` reading) and ends now."""
     wall, cpu, faults = clocks()
     return Step(wall - start[0], cpu - start[1], faults - start[2], own)
 
 
 def keep_freed_memory() -> str:
     """Make glibc keep freed memory in the process (no mmap for large blocks, no trimming),
-    as a device's caching allocator does; return what the report should say.
-
-    By default glibc maps every block over 32 MiB on its own and unmaps it when freed, so
-    each step faults in ~350k fresh zeroed pages, 1–2 s of kernel time per step that swings
-    by 2× with the machine's load, for eager and session alike.
-    """
+    as a device's caching allocator does; return what the report should say (and why)."""
     libc_name = ctypes.util.find_library("c")
     try:
         mallopt = ctypes.CDLL(libc_name).mallopt if libc_name else None
