@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from membudget.core import Engine
-from membudget.core.allocators.block import Block, link_before
+from membudget.core.allocators.block import Block
 from membudget.core.policies import make_policy
 from membudget.core.policies.coop import cheapest_window
 from membudget.core.pool import CandidatePool
@@ -138,14 +138,14 @@ def test_coop_needs_a_layout_and_says_so():
 def pool_of(*specs):
     """Candidates (nbytes, cost, last access, free neighbours), entered in order; each
     sits in a block of its own with that many free bytes before it."""
-    pool = CandidatePool()
+    pool = CandidatePool(track_free_adj=True)
     out = []
     for k, (nbytes, cost, last, free_adj) in enumerate(specs):
         s = Storage(k, nbytes)
         s.cost, s.last_access, s.resident = cost, last, True
         s.block = Block(free_adj, nbytes, s)
         if free_adj:
-            link_before(Block(0, free_adj), s.block)
+            s.block.prev = Block(0, free_adj, None, 0, None, s.block)
         pool.add(s)
         out.append(s)
     pool.sync()

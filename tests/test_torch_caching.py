@@ -248,7 +248,7 @@ def test_transfer_hands_the_block_over():
 
 def test_free_adj_reaches_the_candidate_pool():
     a, _ = make()
-    a.pool = CandidatePool()
+    a.pool = CandidatePool(track_free_adj=True)
     s = Storage(next(_ids), 512)
     a.pool.add(Storage(next(_ids), 8))
     a.pool.add(s)  # slot 1

@@ -65,7 +65,7 @@ class Engine:
             raise EngineError(f"unknown in-place mode {inplace!r}; known: "
                               f"{', '.join(INPLACE_MODES)}")
         self.executor = executor if executor is not None else SimulatedExecutor()
-        self.pool = CandidatePool()
+        self.pool = CandidatePool(track_free_adj=self.policy.reads_free_adj)
         self.stats = Stats()
         self.clock = 1.0
         self.remat_cost_limit = remat_cost_limit
@@ -77,7 +77,8 @@ class Engine:
         # storages locked while they were candidates: still in the pool until a search
         # (_hold_out_locked); a stack, cut back as each _run releases its locks
         self._locked: list[Storage] = []
-        self.allocator.pool = self.pool
+        if self.pool.track_free_adj:  # else no allocator work on free neighbours at all
+            self.allocator.pool = self.pool
         self.policy.attach(self)
 
     # ------------------------------------------------------------------ properties

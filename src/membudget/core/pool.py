@@ -23,14 +23,17 @@ class CandidatePool:
 
     __slots__ = ("_added", "_stale_cap", "_synced", "bound", "bound_epoch", "cost",
                  "ev_children", "ev_parents", "free_adj", "items", "last", "nbytes", "remats",
-                 "seq", "stale")
+                 "seq", "stale", "track_free_adj")
     _ARRAYS = ("cost", "nbytes", "last", "ev_parents", "ev_children", "free_adj", "remats", "seq",
                "bound")
     #: A pool that is never searched compacts its stale list once this many marks beyond its
     #: members have piled up, so the list holds no storage long after it left the pool.
     STALE_LIMIT = 4096
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = 1024, *, track_free_adj: bool = False) -> None:
+        # whether ``free_adj`` is kept (only policies that score free neighbours read it; the
+        # allocator then marks the rows whose free neighbours change)
+        self.track_free_adj = track_free_adj
         self.items: list[Storage] = []
         self.stale: list[Storage] = []  # rows to rewrite (duplicates and non-members allowed)
         self._stale_cap = self.STALE_LIMIT  # compact the list once it is longer than this
@@ -124,7 +127,8 @@ class CandidatePool:
         self.last[idx] = [s.last_access for s in stale]
         self.ev_parents[idx] = [s.ev_parents for s in stale]
         self.ev_children[idx] = [s.ev_children for s in stale]
-        self.free_adj[idx] = [s.free_adj for s in stale]
+        if self.track_free_adj:
+            self.free_adj[idx] = [s.free_adj for s in stale]
         self.remats[idx] = [s.remats for s in stale]
         self.seq[idx] = [s.seq for s in stale]
         synced = self._synced

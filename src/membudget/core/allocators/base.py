@@ -5,7 +5,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Protocol
 
-from membudget.core.allocators.block import unlink
 from membudget.core.records import Storage
 
 if TYPE_CHECKING:
@@ -30,8 +29,8 @@ class Allocator(ABC):
     ``allocate`` either places the storage and returns True or changes nothing and returns
     False; the engine then evicts and retries. Layout-aware allocators (``has_layout``) give
     each placed storage a :class:`Block` and, when the free bytes directly around a candidate
-    change (``Storage.free_adj``, read from the layout), mark its row stale in the candidate
-    pool the engine attaches.
+    change (``Storage.free_adj``, read from the layout), mark its row stale in ``pool``, the
+    candidate pool the engine attaches when its policy reads those bytes (None otherwise).
     """
 
     name: str = ""
@@ -80,7 +79,8 @@ class Allocator(ABC):
 
 class LayoutAllocator(Allocator):
     """An allocator that gives every placed storage a :class:`Block` of an address-ordered
-    layout; shared here: handing a block to a new version, and the free-neighbour bytes."""
+    layout; shared here: handing a block to a new version, and marking the candidates whose
+    free-neighbour bytes a placement or a free changed."""
 
     has_layout = True
 
@@ -96,33 +96,6 @@ class LayoutAllocator(Allocator):
         new.block = b
         if self.observer is not None:
             self.observer.on_alloc(new, b)
-
-    def _unindex(self, b: Block) -> None:
-        """Take a free block out of the allocator's index of free blocks."""
-        raise NotImplementedError
-
-    def _release(self, s: Storage) -> Block | None:
-        """Free the block of ``s`` and merge it with free neighbours (same segment only:
-        ``prev``/``next`` never cross one); return the merged free block, to be indexed."""
-        b = s.block
-        if b is None:
-            return None
-        if self.observer is not None:
-            self.observer.on_free(s, b)
-        s.block = None
-        b.storage = None
-        self.used -= b.size
-        prev, nxt = b.prev, b.next
-        if prev is not None and prev.storage is None:
-            self._unindex(prev)
-            prev.size += b.size
-            unlink(b)
-            b = prev
-        if nxt is not None and nxt.storage is None:
-            self._unindex(nxt)
-            b.size += nxt.size
-            unlink(nxt)
-        return b
 
     def _mark_beside(self, b: Block) -> None:
         """The free bytes beside the blocks around ``b`` changed: mark the pool rows of the

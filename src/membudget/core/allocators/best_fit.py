@@ -15,13 +15,17 @@ import math
 from bisect import bisect_left, insort
 
 from membudget.core.allocators.base import LayoutAllocator
-from membudget.core.allocators.block import Block, link_after, link_before
+from membudget.core.allocators.block import Block
 from membudget.core.records import Storage
 
 
 class BestFitAllocator(LayoutAllocator):
     """Best-fit placement at the low end of the chosen hole; freed blocks merge with free
-    neighbours at once, so no two free blocks are ever adjacent."""
+    neighbours at once, so no two free blocks are ever adjacent.
+
+    A hole is indexed by one integer key, ``size << shift | addr`` (``shift`` bits hold any
+    address), so keys sort by (size, address) and compare as machine integers: placing and
+    freeing, on every op, bisect a list of ints and make no tuples."""
 
     name = "best-fit"
 
@@ -31,28 +35,31 @@ class BestFitAllocator(LayoutAllocator):
             raise ValueError(f"the {self.name} pool needs a finite number of bytes")
         self.capacity = int(capacity)
         self.head = Block(0, self.capacity)
-        self._holes: list[tuple[int, int]] = []  # (size, addr) of every free block, sorted
-        self._hole_at: dict[int, Block] = {}  # addr -> free block
+        self._shift = max(self.capacity.bit_length(), 1)
+        self._holes: list[int] = []  # the key of every free block, sorted
+        self._hole_at: dict[int, Block] = {}  # key -> free block
         if self.capacity > 0:
             self._add_hole(self.head)
 
     # ------------------------------------------------------------------ holes
     def _add_hole(self, b: Block) -> None:
-        insort(self._holes, (b.size, b.addr))
-        self._hole_at[b.addr] = b
+        key = b.size << self._shift | b.addr
+        insort(self._holes, key)
+        self._hole_at[key] = b
 
     def _remove_hole(self, b: Block) -> None:
         holes = self._holes
-        del holes[bisect_left(holes, (b.size, b.addr))]
-        del self._hole_at[b.addr]
+        key = b.size << self._shift | b.addr
+        del holes[bisect_left(holes, key)]
+        del self._hole_at[key]
 
     def _best_fit(self, size: int) -> Block | None:
         """The smallest free block of at least ``size`` bytes, lowest address among equals."""
         holes = self._holes
-        i = bisect_left(holes, (size, -1))
+        i = bisect_left(holes, size << self._shift)
         if i == len(holes):
             return None
-        return self._hole_at[holes[i][1]]
+        return self._hole_at[holes[i]]
 
     # ------------------------------------------------------------------ interface
     def allocate(self, s: Storage) -> bool:
@@ -70,26 +77,40 @@ class BestFitAllocator(LayoutAllocator):
         return True
 
     def _place(self, hole: Block, s: Storage, low: bool) -> Block:
-        """Carve ``s.nbytes`` from the low or high end of ``hole``; return the new block."""
+        """Carve ``s.nbytes`` from the low or high end of ``hole``; return the new block.
+        (On every allocation: the hole index and the list links are written inline.)"""
         n = s.nbytes
-        self._remove_hole(hole)
-        if hole.size == n:
+        holes, hole_at, shift = self._holes, self._hole_at, self._shift
+        size, addr = hole.size, hole.addr
+        key = size << shift | addr
+        del holes[bisect_left(holes, key)]
+        del hole_at[key]
+        if size == n:
             b = first = last = hole
             b.storage = s
         else:
-            if low:
-                b = first = Block(hole.addr, n, s, hole.segment)
+            rest = size - n
+            if low:  # b takes the low end: it goes before the hole
+                p = hole.prev
+                b = first = Block(addr, n, s, hole.segment, p, hole)
                 last = hole
-                hole.addr += n
-                link_before(b, hole)
-                if hole is self.head:
+                if p is None:
                     self.head = b
-            else:
-                b = last = Block(hole.addr + hole.size - n, n, s, hole.segment)
+                else:
+                    p.next = b
+                hole.prev = b
+                hole.addr = addr = addr + n
+            else:  # the high end: after the hole
+                nx = hole.next
+                b = last = Block(addr + rest, n, s, hole.segment, hole, nx)
                 first = hole
-                link_after(b, hole)
-            hole.size -= n
-            self._add_hole(hole)
+                if nx is not None:
+                    nx.prev = b
+                hole.next = b
+            hole.size = rest
+            key = rest << shift | addr
+            insort(holes, key)
+            hole_at[key] = hole
         s.block = b
         self.used += n
         if self.used > self.peak:
@@ -107,12 +128,39 @@ class BestFitAllocator(LayoutAllocator):
         return b
 
     def free(self, s: Storage) -> None:
-        b = self._release(s)
-        if b is not None:
-            self._add_hole(b)
-            self._mark_beside(b)
-
-    _unindex = _remove_hole
+        """Free the block of ``s``, merged with its free neighbours (the merge of
+        ``LayoutAllocator._release``, written inline with this index: on every free)."""
+        b = s.block
+        if b is None:
+            return
+        if self.observer is not None:
+            self.observer.on_free(s, b)
+        s.block = None
+        b.storage = None
+        self.used -= b.size
+        holes, hole_at, shift = self._holes, self._hole_at, self._shift
+        prev, nxt = b.prev, b.next
+        if prev is not None and prev.storage is None:  # b joins the hole before it
+            key = prev.size << shift | prev.addr
+            del holes[bisect_left(holes, key)]
+            del hole_at[key]
+            prev.size += b.size
+            prev.next = nxt
+            if nxt is not None:
+                nxt.prev = prev
+            b = prev
+        if nxt is not None and nxt.storage is None:  # and the hole after it joins b
+            key = nxt.size << shift | nxt.addr
+            del holes[bisect_left(holes, key)]
+            del hole_at[key]
+            b.size += nxt.size
+            b.next = nn = nxt.next
+            if nn is not None:
+                nn.prev = b
+        key = b.size << shift | b.addr
+        insort(holes, key)
+        hole_at[key] = b
+        self._mark_beside(b)
 
     def layout(self, request: Storage | None = None) -> list[Block]:
         out = []
@@ -123,7 +171,7 @@ class BestFitAllocator(LayoutAllocator):
         return out
 
     def largest_free_block(self) -> int:
-        return self._holes[-1][0] if self._holes else 0
+        return self._holes[-1] >> self._shift if self._holes else 0
 
     # ------------------------------------------------------------------ checking
     def check(self) -> None:
@@ -131,7 +179,7 @@ class BestFitAllocator(LayoutAllocator):
         order, no two free blocks touch, the hole index matches, ``used`` is right, and the
         candidate pool's free-neighbour rows are current or marked."""
         check_tiling(self.layout(), 0, self.capacity)
-        holes = [(b.size, b.addr) for b in self.layout() if b.storage is None]
+        holes = [b.size << self._shift | b.addr for b in self.layout() if b.storage is None]
         assert sorted(holes) == list(self._holes), "hole index out of date"
         assert self.used == sum(b.size for b in self.layout() if b.storage is not None)
         self._check_rows()

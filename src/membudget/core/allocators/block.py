@@ -18,13 +18,13 @@ class Block:
     __slots__ = ("addr", "next", "prev", "segment", "size", "storage")
 
     def __init__(self, addr: int, size: int, storage: Storage | None = None,
-                 segment: int = 0) -> None:
+                 segment: int = 0, prev: Block | None = None, next: Block | None = None) -> None:
         self.addr = addr
         self.size = size
         self.storage = storage
         self.segment = segment
-        self.prev: Block | None = None
-        self.next: Block | None = None
+        self.prev = prev
+        self.next = next
 
     @property
     def free(self) -> bool:
@@ -33,14 +33,6 @@ class Block:
     def __repr__(self) -> str:
         who = "free" if self.storage is None else f"storage {self.storage.id}"
         return f"Block({self.addr}+{self.size}, {who}, segment {self.segment})"
-
-
-def link_before(b: Block, x: Block) -> None:
-    """Insert ``b`` just before ``x``."""
-    b.prev, b.next = x.prev, x
-    if x.prev is not None:
-        x.prev.next = b
-    x.prev = b
 
 
 def link_after(b: Block, x: Block) -> None:

@@ -23,7 +23,7 @@ from sortedcontainers import SortedList
 
 from membudget.core.allocators.base import LayoutAllocator
 from membudget.core.allocators.best_fit import check_tiling
-from membudget.core.allocators.block import Block, link_after
+from membudget.core.allocators.block import Block, link_after, unlink
 from membudget.core.records import Storage
 
 MIN_BLOCK_SIZE = 512  # kMinBlockSize: every block size is a multiple of this
@@ -133,8 +133,28 @@ class TorchCachingAllocator(LayoutAllocator):
             self._add_free(b, self._segments[b.segment].pool)
             self._mark_beside(b)
 
-    def _unindex(self, b: Block) -> None:
-        self._remove_free(b, self._segments[b.segment].pool)
+    def _release(self, s: Storage) -> Block | None:
+        """Free the block of ``s`` and merge it with free neighbours (same segment only:
+        ``prev``/``next`` never cross one); return the merged free block, to be indexed."""
+        b = s.block
+        if b is None:
+            return None
+        if self.observer is not None:
+            self.observer.on_free(s, b)
+        s.block = None
+        b.storage = None
+        self.used -= b.size
+        prev, nxt = b.prev, b.next
+        if prev is not None and prev.storage is None:
+            self._remove_free(prev, self._segments[prev.segment].pool)
+            prev.size += b.size
+            unlink(b)
+            b = prev
+        if nxt is not None and nxt.storage is None:
+            self._remove_free(nxt, self._segments[nxt.segment].pool)
+            b.size += nxt.size
+            unlink(nxt)
+        return b
 
     def transfer(self, old: Storage, new: Storage) -> None:
         if old.block is not None:

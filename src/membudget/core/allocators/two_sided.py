@@ -60,16 +60,18 @@ class TwoSidedAllocator(BestFitAllocator):
                 return False
             self._place(hole, s, low=False)
             return True
-        hole = self._best_fit(n)
-        if hole is None:
+        holes = self._holes  # _best_fit, inlined: on every allocation
+        i = bisect_left(holes, n << self._shift)
+        if i == len(holes):
             return False
-        self._place(hole, s, low=self.expensive(s))
+        self._place(self._hole_at[holes[i]], s, self.expensive(s))
         return True
 
     def _topmost_fit(self, n: int) -> Block | None:
         """The highest-address hole of at least ``n`` bytes (pinned storages pack from the top)."""
         holes = self._holes
-        i = bisect_left(holes, (n, -1))
+        i = bisect_left(holes, n << self._shift)
         if i == len(holes):
             return None
-        return self._hole_at[max(addr for _, addr in islice(holes, i, None))]
+        addr_of = ((1 << self._shift) - 1).__and__  # a key's low bits are the address
+        return self._hole_at[max(islice(holes, i, None), key=addr_of)]

@@ -18,6 +18,9 @@ class Policy(ABC):
     name: ClassVar[str]
     engine: Engine
     needs_layout: ClassVar[bool] = False  # reads the allocator's address layout
+    # scores the free bytes beside a candidate (the pool's ``free_adj`` column), which the
+    # allocator then keeps current on every placement and free
+    reads_free_adj: ClassVar[bool] = False
     # what the method was published with: the engine's defaults under this policy
     default_allocator: ClassVar[str] = "fungible"
     default_inplace: ClassVar[str] = "cow"

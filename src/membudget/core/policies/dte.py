@@ -16,6 +16,7 @@ from membudget.core.pool import CandidatePool
 class DTE(DTREq):
     name = "dte"
     default_allocator = "best-fit"
+    reads_free_adj = True
 
     def memory(self, pool: CandidatePool, n: int) -> np.ndarray:
         return pool.nbytes[:n] + pool.free_adj[:n]

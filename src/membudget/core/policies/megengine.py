@@ -28,6 +28,7 @@ MIB = 2**20
 class MegEngine(DTREq):
     name = "megengine"
     default_allocator = "best-fit"
+    reads_free_adj = True
 
     def __init__(self, seed: int = 0, *, alpha: float = 1.0, beta: float = 1.0,
                  gamma: float = 1.0001, delta: float = 1.0, sqrt_sampling: bool = False,
