@@ -217,9 +217,16 @@ def test_a_budget_too_small_names_the_op_and_leaves_the_process_usable():
     model, loss_fn = mlp()
     state = copy.deepcopy(model.state_dict())
     ref = reference(model, loss_fn, state)
-    with pytest.raises(BudgetTooSmallError, match=r"aten\.\w+.*raise the budget") as err:
+    params = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    # below the parameters: they are adopted as the model first runs, and all are counted
+    with pytest.raises(BudgetTooSmallError, match=r"parameters and buffers of Sequential.*"
+                       r"raise the budget") as err:
         run(model, loss_fn, state, 50_000, "dtr")
-    assert err.value.needed_bytes > 50_000
+    assert err.value.needed_bytes == params
+    # room for them, not for an op's working set: the op is named
+    with pytest.raises(BudgetTooSmallError, match=r"aten\.\w+.*raise the budget") as err:
+        run(model, loss_fn, state, params + 80_000, "dtr")
+    assert err.value.needed_bytes > params + 80_000
     loss, _ = run(model, loss_fn, state, 10**9, "dtr")  # a new session works
     assert_same(model, loss, ref)
 
@@ -489,3 +496,17 @@ def test_batchnorm_output_is_recomputed_without_updating_its_statistics_again():
     torch.testing.assert_close(bn.running_mean, ref_bn.running_mean, rtol=0, atol=0)
     torch.testing.assert_close(bn.running_var, ref_bn.running_var, rtol=0, atol=0)
     assert int(bn.num_batches_tracked) == 1
+
+
+def test_a_models_parameters_enter_together_before_its_activations():
+    """Adopted as the model first runs, the parameters sit in one run of blocks at the top
+    of the two-sided pool, not interleaved with activations that would fragment it."""
+    model, loss_fn = mlp()
+    with membudget.budget("8 MiB", "coop") as session:
+        loss = loss_fn(model)
+        kinds = [b.storage.kind if b.storage is not None else "free"
+                 for b in session.engine.allocator.layout()]
+        params = [k for k, kind in enumerate(kinds) if kind == "parameter"]
+        loss.backward()
+    assert len(params) == len(list(model.parameters()))
+    assert params == list(range(params[0], params[0] + len(params)))

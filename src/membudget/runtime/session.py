@@ -29,7 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _disable_current_modes,
+    _get_current_dispatch_mode,
+)
 
 from membudget.core.engine import Engine
 from membudget.core.records import Tensor
@@ -108,6 +113,8 @@ class Session(TorchDispatchMode, ContextDecorator):
         self.recording = _new_recording(self.record)
         self._device = DeviceMeter()
         ddp.install(Session)
+        self._adopted: set[int] = set()  # ids of the modules whose state was adopted
+        self._module_hook = register_module_forward_pre_hook(self._adopt_module)
         # The engine's records live as long as a value may need them and are freed by
         # reference counting (the engine cuts their cycles as it frees them), so the cyclic
         # collector would only walk the live ones again and again, about 2 µs per op: it is
@@ -160,6 +167,27 @@ class Session(TorchDispatchMode, ContextDecorator):
             if type(x) is not RematTensor:
                 self._leaf(x)
 
+    def _adopt_module(self, module: torch.nn.Module, args: Any) -> None:
+        """Before a module first runs in the session, adopt all its parameters and buffers
+        (its submodules' included), so they enter together, before the activations they
+        would otherwise be interleaved with: a layout-aware pool then keeps them in one
+        run of blocks instead of scattering barriers that fragment it."""
+        if id(module) in self._adopted or _get_current_dispatch_mode() is not self:
+            return  # (the hook is global: not this thread's session, or one nested in it)
+        self._adopted.update(id(m) for m in module.modules())
+        state = [*module.parameters(), *module.buffers()]
+        done = 0
+        try:
+            for x in state:
+                self._guarded(lambda x=x: self.adopt((x,)))
+                done += 1
+        except BudgetTooSmallError as e:  # say what was adopted, and all that it needs
+            rest = {x.untyped_storage()._cdata: x.untyped_storage().nbytes()
+                    for x in state[done + 1:]}
+            e.op = f"adopting the parameters and buffers of {type(module).__name__}"
+            e.request_bytes += sum(n for k, n in rest.items() if k not in self._bases)
+            raise BudgetTooSmallError.from_oob(e) from None
+
     def phase(self, name: str) -> None:
         """Mark what the program computes from here on ("forward", "backward", "optimizer"):
         a trace event, and the kind the engine gives new storages (as the replay does)."""
@@ -187,6 +215,7 @@ class Session(TorchDispatchMode, ContextDecorator):
             _detach(ref_of)
 
     def _close(self) -> None:
+        self._module_hook.remove()
         eng = self.engine
         if eng is not None:
             st = eng.stats
