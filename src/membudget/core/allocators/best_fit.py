@@ -39,20 +39,11 @@ class BestFitAllocator(LayoutAllocator):
         self._holes: list[int] = []  # the key of every free block, sorted
         self._hole_at: dict[int, Block] = {}  # key -> free block
         if self.capacity > 0:
-            self._add_hole(self.head)
+            key = self.capacity << self._shift  # the one hole, at address 0
+            self._holes.append(key)
+            self._hole_at[key] = self.head
 
     # ------------------------------------------------------------------ holes
-    def _add_hole(self, b: Block) -> None:
-        key = b.size << self._shift | b.addr
-        insort(self._holes, key)
-        self._hole_at[key] = b
-
-    def _remove_hole(self, b: Block) -> None:
-        holes = self._holes
-        key = b.size << self._shift | b.addr
-        del holes[bisect_left(holes, key)]
-        del self._hole_at[key]
-
     def _best_fit(self, size: int) -> Block | None:
         """The smallest free block of at least ``size`` bytes, lowest address among equals."""
         holes = self._holes
@@ -128,8 +119,8 @@ class BestFitAllocator(LayoutAllocator):
         return b
 
     def free(self, s: Storage) -> None:
-        """Free the block of ``s``, merged with its free neighbours (the merge of
-        ``LayoutAllocator._release``, written inline with this index: on every free)."""
+        """Free the block of ``s``, merged with its free neighbours at once (the hole index
+        and the list links written inline: on every free)."""
         b = s.block
         if b is None:
             return
