@@ -130,7 +130,10 @@ class Engine:
         # the outputs are made when the op first runs, once its inputs are materialized and
         # locked, whether their sizes are given or probed: a live run and its replay then
         # take exactly the same steps
-        pending = None if out_bytes is None else (out_bytes, out_alias)
+        self._ids += 1
+        path = ComputePath(self._ids, op, inputs, float(cost), tuple(mutated),
+                           None if out_bytes is None else (out_bytes, out_alias))
+        inputs = path.inputs
         locked = self._locked
         mark = len(locked)  # every lock taken from here is released before returning
         clock = self.clock
@@ -145,8 +148,6 @@ class Engine:
                 for u in inputs:  # (a freed input is never defined: checked only here)
                     if u.storage.dead:
                         raise EngineError(f"{op!r} reads {u!r}, which was freed for good")
-                self._ids += 1
-                path = ComputePath(self._ids, op, inputs, float(cost), tuple(mutated), pending)
                 self._run(path, False)
                 return path.outputs  # type: ignore[return-value]
             s = t.storage
@@ -155,9 +156,6 @@ class Engine:
             if s.slot >= 0:
                 stale.append(s)
                 locked.append(s)
-        self._ids += 1
-        path = ComputePath(self._ids, op, inputs, float(cost), tuple(mutated), pending)
-        inputs = path.inputs
         try:
             self._execute(path, False)
         finally:

@@ -60,11 +60,10 @@ class TwoSidedAllocator(BestFitAllocator):
                 return False
             self._place(hole, s, low=False)
             return True
-        holes = self._holes  # _best_fit, inlined: on every allocation
-        i = bisect_left(holes, n << self._shift)
-        if i == len(holes):
+        hole = self._best_fit(n)
+        if hole is None:
             return False
-        self._place(self._hole_at[holes[i]], s, self.expensive(s))
+        self._place(hole, s, self.expensive(s))
         return True
 
     def _topmost_fit(self, n: int) -> Block | None:
