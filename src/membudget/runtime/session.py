@@ -176,17 +176,20 @@ class Session(TorchDispatchMode, ContextDecorator):
             return  # (the hook is global: not this thread's session, or one nested in it)
         self._adopted.update(id(m) for m in module.modules())
         state = [*module.parameters(), *module.buffers()]
-        done = 0
-        try:
-            for x in state:
-                self._guarded(lambda x=x: self.adopt((x,)))
-                done += 1
-        except BudgetTooSmallError as e:  # say what was adopted, and all that it needs
-            rest = {x.untyped_storage()._cdata: x.untyped_storage().nbytes()
-                    for x in state[done + 1:]}
-            e.op = f"adopting the parameters and buffers of {type(module).__name__}"
-            e.request_bytes += sum(n for k, n in rest.items() if k not in self._bases)
-            raise BudgetTooSmallError.from_oob(e) from None
+
+        def adopt_all() -> None:
+            for k, x in enumerate(state):
+                try:
+                    self.adopt((x,))
+                except OutOfBudget as e:  # say what was adopted, and all that it needs
+                    rest = {y.untyped_storage()._cdata: y.untyped_storage().nbytes()
+                            for y in state[k + 1:]}
+                    rest.pop(x.untyped_storage()._cdata, None)  # counted in the request
+                    e.op = f"adopting the parameters and buffers of {type(module).__name__}"
+                    e.request_bytes += sum(n for w, n in rest.items() if w not in self._bases)
+                    raise
+
+        self._guarded(adopt_all)
 
     def phase(self, name: str) -> None:
         """Mark what the program computes from here on ("forward", "backward", "optimizer"):
