@@ -9,6 +9,11 @@ class MembudgetError(Exception):
     """Base class of every error raised by membudget."""
 
 
+class StaleBuildWarning(UserWarning):
+    """The compiled core is older than its sources (an editable install edited since it was
+    built): the compiled code runs, not the sources."""
+
+
 class UnknownNameError(MembudgetError, ValueError):
     """A policy, allocator or other named component that does not exist."""
 

@@ -1,7 +1,38 @@
-"""The framework-free engine: records, allocators, policies, executors and stats. No torch."""
+"""The framework-free engine: records, allocators, policies, executors and stats. No torch.
 
+Its modules are compiled with mypyc when the package is built (setup.py); ``COMPILED`` says
+whether this process runs them compiled.
+"""
+
+import warnings
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+
+from membudget.core import engine as _engine
 from membudget.core.engine import Engine
 from membudget.core.executor import Executor, SimulatedExecutor
 from membudget.core.records import ComputePath, Storage, Tensor
+from membudget.errors import StaleBuildWarning
 
-__all__ = ["ComputePath", "Engine", "Executor", "SimulatedExecutor", "Storage", "Tensor"]
+COMPILED = not _engine.__file__.endswith(".py")
+
+
+def _stale_sources(package: Path) -> list[str]:
+    """Sources under ``package`` changed after they were compiled (an editable install keeps
+    running the compiled modules beside them until it is rebuilt)."""
+    stale = []
+    for built in {p for s in EXTENSION_SUFFIXES for p in package.rglob("*" + s)}:
+        source = built.with_name(built.name.split(".")[0] + ".py")
+        if source.exists() and source.stat().st_mtime > built.stat().st_mtime + 1:
+            stale.append(str(source.relative_to(package.parent.parent)))
+    return sorted(stale)
+
+
+if COMPILED and (_stale := _stale_sources(Path(__file__).parent)):
+    warnings.warn(f"membudget's compiled core is older than {', '.join(_stale)}: the old code "
+                  "runs. Rebuild it with `pip install -e .`, or install with "
+                  "MEMBUDGET_PURE_PYTHON=1 to run the sources uncompiled.",
+                  StaleBuildWarning, stacklevel=1)
+
+__all__ = ["COMPILED", "ComputePath", "Engine", "Executor", "SimulatedExecutor", "Storage",
+           "Tensor"]

@@ -166,10 +166,11 @@ class Engine:
         return path.outputs  # type: ignore[return-value]
 
     def _outputs(self, path: ComputePath, out_bytes: Sequence[int],
-                 out_alias: Sequence[int] | None) -> None:
-        """Create the output tensors of a new path (each with one program reference), one per
-        entry of ``out_bytes`` and then the new version of each mutated input, and link
-        their storages to the path's inputs, each storage once, in the order of the outputs.
+                 out_alias: Sequence[int] | None) -> list[Tensor]:
+        """Create (and return) the output tensors of a new path (each with one program
+        reference), one per entry of ``out_bytes`` and then the new version of each mutated
+        input, and link their storages to the path's inputs, each storage once, in the order
+        of the outputs.
 
         The path's cost is charged to its outputs' storages; to the new versions of a writing
         op only once it has run (a live runtime learns that cost by running it, and a replay
@@ -216,8 +217,8 @@ class Engine:
                 views.append(s)
                 s.cost += cost
                 self._link(s, inputs)
-        for i in path.mutated:  # a version has the size, kind and pinning of the old value
-            old = inputs[i].storage
+        for k in path.mutated:  # a version has the size, kind and pinning of the old value
+            old = inputs[k].storage
             s = Storage(ids + 1, old.nbytes, old.kind)
             s.pinned = old.pinned
             s.last_access = clock
@@ -229,6 +230,7 @@ class Engine:
             self._link(s, inputs)
         self._ids = ids
         path.outputs = outputs
+        return outputs
 
     def _link(self, s: Storage, inputs: Sequence[Tensor]) -> None:
         """Make the storages of ``inputs`` parents of ``s`` (each once, in order: parents is
@@ -336,20 +338,23 @@ class Engine:
 
     def _execute(self, p: ComputePath, remat: bool) -> None:
         """Allocate the outputs of ``p`` (its inputs are locked), run it, account for it."""
-        if p.outputs is None:
+        outputs = p.outputs
+        if outputs is None:
+            out_bytes: Sequence[int]
+            out_alias: Sequence[int] | None
             if p.pending is None:
                 out_bytes, out_alias, p.cost = self.executor.probe(p)
             else:
                 (out_bytes, out_alias), p.pending = p.pending, None
-            self._outputs(p, out_bytes, out_alias)
+            outputs = self._outputs(p, out_bytes, out_alias)
             if p.mutated:
-                cost = self._place_and_run(p, remat)
+                cost = self._place_and_run(p, outputs, remat)
             else:  # the commonest case, a new op that writes nothing: its outputs are new
                 # storages, none resident, dead or a candidate yet, and none needs a lock
                 # (nothing can evict them before they join the pool, once the op has run)
                 alloc = self.allocator
                 try:
-                    for t in p.outputs:
+                    for t in outputs:
                         if not t.alias:
                             s = t.storage
                             if not alloc.allocate(s):
@@ -358,16 +363,16 @@ class Engine:
                     cost = self.executor.run(p, False)
                 finally:  # the placed ones become candidates, even if a later one failed
                     add = self.pool.add  # (a new storage is never pinned)
-                    for t in p.outputs:
+                    for t in outputs:
                         s = t.storage
                         if not t.alias and s.resident and s.nbytes > 0:
                             add(s)
         else:
-            cost = self._place_and_run(p, remat)
+            cost = self._place_and_run(p, outputs, remat)
         clock = self.clock = self.clock + cost
         st = self.stats
         if remat:
-            for t in p.outputs:  # a resident sibling may have been evicted to make room
+            for t in outputs:  # a resident sibling may have been evicted to make room
                 t.defined = t.storage.resident
             st.remat_ops += 1
             st.remat_cost += cost
@@ -377,16 +382,16 @@ class Engine:
             st.ops += 1
             st.base_cost += cost
             stale = self.pool.stale
-            for t in p.outputs:
+            for t in outputs:
                 s = t.storage
                 t.defined = s.resident
                 s.last_access = clock
                 if s.slot >= 0:
                     stale.append(s)
 
-    def _place_and_run(self, p: ComputePath, remat: bool) -> float:
-        """Place the outputs of ``p`` and run it; return its cost (``_execute``'s general
-        case: a recomputation, or a new op that writes).
+    def _place_and_run(self, p: ComputePath, outputs: list[Tensor], remat: bool) -> float:
+        """Place the outputs of ``p`` (``outputs``) and run it; return its cost
+        (``_execute``'s general case: a recomputation, or a new op that writes).
 
         An output that is still resident, or dead, is produced again all the same, so its
         bytes are held by a temporary duplicate while the op runs (as a real recompute would).
@@ -399,7 +404,7 @@ class Engine:
         placed: list[Storage] = []
         duplicates: list[Storage] | None = None
         try:
-            for t in p.outputs:
+            for t in outputs:
                 if t.alias:
                     continue
                 s = t.storage

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from mypy_extensions import mypyc_attr
+
 from membudget.core.records import ComputePath, Storage, Tensor
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: see setup.py)
 class Executor(ABC):
     """What the engine needs from whoever holds the data."""
 

@@ -85,9 +85,6 @@ class Storage:
             "resident" if self.resident else "new")
         return f"Storage(id={self.id}, {self.nbytes} B, {state})"
 
-    # Storages are graph nodes: identity semantics, cheap hashing.
-    __hash__ = object.__hash__
-
 
 class Tensor:
     """A value the program holds a handle to; it lives in one storage (as its base or a view)."""
@@ -134,7 +131,9 @@ class ComputePath:
     @property
     def versions(self) -> list[Tensor]:
         """The new versions of the inputs it writes (``mutated`` in order): the last outputs."""
-        return self.outputs[len(self.outputs) - len(self.mutated):]
+        outputs = self.outputs
+        assert outputs is not None, "the versions are made when the path first runs"
+        return outputs[len(outputs) - len(self.mutated):]
 
     def __repr__(self) -> str:
         return f"ComputePath(id={self.id}, op={self.op!r}, cost={self.cost})"

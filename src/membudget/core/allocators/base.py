@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from mypy_extensions import mypyc_attr
 
 from membudget.core.records import Storage
 
@@ -23,6 +25,7 @@ class AllocationObserver(Protocol):
         """``action`` is "segment_alloc" or "segment_free" (pools that reserve segments)."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: see setup.py)
 class Allocator(ABC):
     """Places storages in a pool of ``capacity`` bytes and tracks bytes held and their peak.
 
@@ -33,13 +36,13 @@ class Allocator(ABC):
     candidate pool the engine attaches when its policy reads those bytes (None otherwise).
     """
 
-    name: str = ""
-    has_layout: bool = False
+    name: ClassVar[str] = ""
+    has_layout: ClassVar[bool] = False
 
     def __init__(self, capacity: float) -> None:
         if capacity < 0:
             raise ValueError(f"allocator capacity must be >= 0 bytes, got {capacity}")
-        self.capacity = capacity
+        self.capacity: int | float = capacity  # (an int where a pool is laid out in bytes)
         self.used = 0
         self.peak = 0
         self.pool: CandidatePool | None = None
@@ -77,6 +80,7 @@ class Allocator(ABC):
             "(best-fit, two-sided or torch-caching)")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LayoutAllocator(Allocator):
     """An allocator that gives every placed storage a :class:`Block` of an address-ordered
     layout; shared here: handing a block to a new version, and marking the candidates whose

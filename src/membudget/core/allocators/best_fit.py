@@ -33,13 +33,13 @@ class BestFitAllocator(LayoutAllocator):
         super().__init__(capacity)
         if not math.isfinite(capacity):
             raise ValueError(f"the {self.name} pool needs a finite number of bytes")
-        self.capacity = int(capacity)
-        self.head = Block(0, self.capacity)
-        self._shift = max(self.capacity.bit_length(), 1)
+        self.capacity = size = int(capacity)
+        self.head = Block(0, size)
+        self._shift = max(size.bit_length(), 1)
         self._holes: list[int] = []  # the key of every free block, sorted
         self._hole_at: dict[int, Block] = {}  # key -> free block
-        if self.capacity > 0:
-            key = self.capacity << self._shift  # the one hole, at address 0
+        if size > 0:
+            key = size << self._shift  # the one hole, at address 0
             self._holes.append(key)
             self._hole_at[key] = self.head
 
@@ -169,7 +169,7 @@ class BestFitAllocator(LayoutAllocator):
         """Assert the pool's invariants (used by tests): blocks tile [0, capacity) in address
         order, no two free blocks touch, the hole index matches, ``used`` is right, and the
         candidate pool's free-neighbour rows are current or marked."""
-        check_tiling(self.layout(), 0, self.capacity)
+        check_tiling(self.layout(), 0, int(self.capacity))
         holes = [b.size << self._shift | b.addr for b in self.layout() if b.storage is None]
         assert sorted(holes) == list(self._holes), "hole index out of date"
         assert self.used == sum(b.size for b in self.layout() if b.storage is not None)

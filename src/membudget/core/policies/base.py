@@ -5,6 +5,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from membudget.core.pool import CandidatePool
 from membudget.core.records import Storage
 
@@ -12,6 +14,7 @@ if TYPE_CHECKING:
     from membudget.core.engine import Engine
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: see setup.py)
 class Policy(ABC):
     """Chooses victims; may keep its own caches up to date through the ``on_*`` hooks."""
 
@@ -24,6 +27,10 @@ class Policy(ABC):
     # what the method was published with: the engine's defaults under this policy
     default_allocator: ClassVar[str] = "fungible"
     default_inplace: ClassVar[str] = "cow"
+
+    def __init__(self) -> None:
+        """Most policies take no options: one given by mistake is then a TypeError (a
+        compiled class without its own ``__init__`` would accept and ignore it)."""
 
     def attach(self, engine: Engine) -> None:
         """Called once by the engine that will consult this policy."""

@@ -13,6 +13,7 @@ rematerialization or a free), which starts a new epoch and resets the cache.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import numpy as np
 
@@ -29,9 +30,9 @@ class CostPolicy(Policy):
     the neighbour cost, which is what makes the cached bound a lower bound.
     """
 
-    staleness: bool = True
-    use_parents: bool = False  # neighbour_cost depends on evicted parents
-    use_children: bool = False  # ... and on evicted children
+    staleness: ClassVar[bool] = True
+    use_parents: ClassVar[bool] = False  # neighbour_cost depends on evicted parents
+    use_children: ClassVar[bool] = False  # ... and on evicted children
     epoch: int = 0  # bumped whenever a neighbourhood cost may have decreased
 
     def neighbour_cost(self, s: Storage) -> float:

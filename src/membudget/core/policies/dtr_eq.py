@@ -8,6 +8,7 @@ subtracted from its class, which is not split (the paper's and MegEngine's appro
 from __future__ import annotations
 
 from itertools import chain
+from typing import cast
 
 from membudget.core.policies.cost import CostPolicy
 from membudget.core.records import Storage
@@ -38,7 +39,8 @@ class DTREq(CostPolicy):
     use_children = True
 
     def neighbour_cost(self, s: Storage) -> float:
-        roots = dict.fromkeys(_find(n.uf) for n in chain(s.parents, s.children) if n.evicted)
+        roots = dict.fromkeys(_find(cast(_Node, n.uf))
+                              for n in chain(s.parents, s.children) if n.evicted)
         return sum(r.val for r in roots)
 
     def on_evict(self, s: Storage) -> None:
@@ -47,7 +49,7 @@ class DTREq(CostPolicy):
             for n in neighbours:
                 if not n.evicted:
                     continue
-                other = n.uf.parent  # n's class root is its parent's (most often that)
+                other = cast(_Node, n.uf).parent  # n's class root is its parent's (most often that)
                 if other.parent is not other:
                     other = _find(other)
                 if other is root:
@@ -60,9 +62,11 @@ class DTREq(CostPolicy):
                     root.rank += 1
 
     def on_remat(self, s: Storage) -> None:
-        node = s.uf
+        node = cast(_Node, s.uf)
         _find(node).val -= node.own
         s.uf = None
         self.epoch += 1
 
-    on_forget = on_remat
+    def on_forget(self, s: Storage) -> None:
+        """Freed for good while evicted: it leaves its class as on rematerialization."""
+        self.on_remat(s)

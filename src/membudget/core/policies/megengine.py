@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 from itertools import chain
+from typing import cast
 
 import numpy as np
 
-from membudget.core.policies.dtr_eq import DTREq, _find
+from membudget.core.policies.dtr_eq import DTREq, _find, _Node
 from membudget.core.pool import CandidatePool
 from membudget.core.records import Storage
 
@@ -43,7 +44,7 @@ class MegEngine(DTREq):
         best: dict[object, float] = {}
         for n in chain(s.parents, s.children):
             if n.evicted:
-                root = _find(n.uf)
+                root = _find(cast(_Node, n.uf))
                 best[root] = max(best.get(root, 0.0), root.val, n.cost)
         return sum(best.values())
 
@@ -58,9 +59,8 @@ class MegEngine(DTREq):
         return mem ** self.beta * (clock - pool.last[:n] + 1e-3) ** self.delta
 
     def mask(self, pool: CandidatePool, n: int) -> np.ndarray | None:
-        keep = pool.nbytes[:n] > self.min_bytes
-        if not keep.any():
-            keep = None
+        big = pool.nbytes[:n] > self.min_bytes
+        keep = big if big.any() else None
         if self.sqrt_sampling and n > 1:
             sample = np.zeros(n, dtype=bool)
             sample[self.rng.choice(n, size=math.isqrt(n), replace=False)] = True

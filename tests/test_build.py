@@ -1,0 +1,33 @@
+"""The compiled core's guard: sources edited after the build are named, so that an editable
+install never silently runs (or tests) old compiled code."""
+
+from __future__ import annotations
+
+import os
+from importlib.machinery import EXTENSION_SUFFIXES
+
+from membudget.core import _stale_sources
+
+
+def test_sources_newer_than_their_compiled_modules_are_named(tmp_path):
+    package = tmp_path / "src" / "membudget" / "core"
+    (package / "policies").mkdir(parents=True)
+    suffix = EXTENSION_SUFFIXES[0]
+    for name in ("engine", "policies/dtr", "records"):
+        (package / f"{name}.py").write_text("")
+        (package / f"{name}{suffix}").write_bytes(b"")
+    (package / "__init__.py").write_text("")  # not compiled: never stale
+    built = (package / f"engine{suffix}").stat().st_mtime
+    for name in ("engine", "policies/dtr"):  # edited after the build
+        os.utime(package / f"{name}.py", (built + 10, built + 10))
+    os.utime(package / "records.py", (built - 10, built - 10))
+    assert _stale_sources(package) == ["membudget/core/engine.py",
+                                       "membudget/core/policies/dtr.py"]
+
+
+def test_a_fresh_build_is_not_stale(tmp_path):
+    package = tmp_path / "membudget" / "core"
+    package.mkdir(parents=True)
+    (package / "pool.py").write_text("")
+    (package / f"pool{EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+    assert _stale_sources(package) == []
