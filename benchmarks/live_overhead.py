@@ -68,6 +68,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import membudget
 from membudget import BudgetTooSmallError
 from membudget.bench.report import git_state
+from membudget.core import COMPILED
 from membudget.core.policies import POLICIES
 from membudget.runtime.session import Session, SessionStats
 from membudget.runtime.tensor import value_of
@@ -878,7 +879,9 @@ def main() -> None:
         f"Produced by `{cmd}` on {datetime.date.today().isoformat()}: {platform.machine()}, "
         f"{os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} "
         f"threads), transformers {transformers.__version__}, Python "
-        f"{platform.python_version()}, membudget {git_state(ROOT)}. All numbers come from one "
+        f"{platform.python_version()}, membudget {git_state(ROOT)} (its core "
+        f"{'compiled with mypyc' if COMPILED else 'interpreted: MEMBUDGET_PURE_PYTHON'}). "
+        "All numbers come from one "
         "process; plain and in-session runs are interleaved, and each number is a median, "
         "since this machine is shared and noisy. Read ratios, not absolute times.", "",
         f"Wall time: {wall:.0f} s ({t_ops:.0f} s for the op loops).", "",
