@@ -1,7 +1,7 @@
 """Build membudget: the engine's core (``membudget.core``) is compiled with mypyc.
 
 The core runs on every aten op of a live session and on every event of a simulated replay;
-compiled, its Python-level work per op drops by a quarter to a third (figures in
+compiled, the runtime's own work per op drops by a fifth to a quarter (figures in
 docs/results/live-overhead.md). The same sources run uncompiled when the package is installed
 with ``MEMBUDGET_PURE_PYTHON=1`` (say, to edit the core without rebuilding after each change).
 """
