@@ -40,9 +40,9 @@ class OutOfBudget(MembudgetError, MemoryError):
                                    if largest_free_bytes is None else largest_free_bytes)
         if self.needed_bytes > budget_bytes:
             why = (f"it needs {request_bytes:,} B more while {unevictable_bytes:,} B are pinned "
-                   f"or locked, so at least {self.needed_bytes:,} B in all, but the budget is "
-                   f"{int(budget_bytes):,} B; raise the budget to at least "
-                   f"{self.needed_bytes:,} B")
+                   f"or locked, but the budget is {int(budget_bytes):,} B: this op alone needs "
+                   f"a budget of at least {self.needed_bytes:,} B (a lower bound for the run: "
+                   "later ops may need more)")
         else:
             why = (f"it needs one free block of {request_bytes:,} B, but with the "
                    f"{unevictable_bytes:,} B of pinned or locked blocks in place the largest block "
@@ -79,12 +79,37 @@ class EngineError(MembudgetError, RuntimeError):
     """The engine was asked for something its state cannot satisfy (a bug or misuse)."""
 
 
+class RecomputationError(MembudgetError):
+    """A recomputed value differs from what its op made the first time (PyTorch's checkpoint
+    calls this its determinism check): the op is not safe to recompute."""
+
+    def __init__(self, op: object, output: int, first: str, again: str) -> None:
+        self.op = op
+        self.output = output
+        super().__init__(
+            f"recomputing {op} gave output {output} with {again}, but its first run made "
+            f"{first}; the op does not recompute to the same value, so evicting its outputs "
+            "is unsafe: report it, or run the session with determinism_check=\"none\" if the "
+            "difference is harmless")
+
+
 class BudgetTooSmallError(OutOfBudget):
     """A live session's op cannot fit in its budget even after evicting all it can.
 
-    The session is closed when this propagates out of it; a new session with a larger
-    budget works in the same process.
+    The session is closed when this propagates out of it (what the program holds is handed
+    back, see ``runtime.handout``); a new session with a larger budget works in the same
+    process.
     """
+
+    #: how to find a budget that completes, added to the message
+    HOW = ("; the least budget that completes the whole run: record one step without a budget "
+           "(membudget.budget(..., record=\"step.jsonl.gz\")) and run `membudget simulate "
+           "step.jsonl.gz --policy POLICY --min-budget`")
+
+    def __init__(self, **fields: object) -> None:
+        super().__init__(**fields)  # type: ignore[arg-type]
+        if self.needed_bytes > self.budget_bytes:
+            self.args = (self.args[0] + self.HOW,)
 
     @classmethod
     def from_oob(cls, e: OutOfBudget) -> BudgetTooSmallError:

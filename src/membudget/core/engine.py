@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from time import perf_counter_ns
 
 from membudget.core.allocators import Allocator, make_allocator
+from membudget.core.allocators.fungible import LiftedAllocator
 from membudget.core.executor import Executor, SimulatedExecutor
 from membudget.core.policies import Policy, make_policy
 from membudget.core.pool import CandidatePool
@@ -645,6 +646,42 @@ class Engine:
             s.last_access = clock
             if s.slot >= 0:
                 stale.append(s)
+
+    def lift_budget(self, capacity: float) -> None:
+        """Raise the budget to ``capacity`` bytes of a fungible pool, outside the budgeted
+        run and its peak: for work after it that cannot be refused, such as handing the
+        program the values it holds at the end (the allocator's ``high`` is then the most
+        it held)."""
+        self.allocator = LiftedAllocator(self.allocator, max(capacity, self.allocator.capacity))
+
+    def resize(self, t: Tensor, nbytes: int) -> None:
+        """The resident storage of ``t`` turned out to hold ``nbytes``, not what its op was
+        sized at before it ran (a live executor's prediction that its first run corrected):
+        account for that many from now on, making room if it grew."""
+        s = t.storage
+        old = s.nbytes
+        if not s.resident or nbytes == old:
+            return
+        if nbytes < 0:
+            raise EngineError(f"a tensor cannot have {nbytes} bytes")
+        alloc = self.allocator
+        alloc.free(s)
+        s.nbytes = nbytes
+        locked = self._locked
+        mark = len(locked)
+        self._lock(s)  # not a victim of the room it needs
+        try:
+            if not alloc.allocate(s):
+                self._make_room(s, f"{t!r} resized to {nbytes:,} B")
+        except BaseException:
+            s.nbytes = old  # as it was: the bytes it held are free again
+            alloc.allocate(s)
+            raise
+        finally:
+            self._unlock(s)
+            del locked[mark:]
+        if s.slot >= 0:
+            self.pool.stale.append(s)
 
     # ------------------------------------------------------------------ inspection
     def evict(self, t: Tensor) -> bool:

@@ -22,9 +22,11 @@ class Executor(ABC):
         """Compute the outputs of ``path`` (inputs are materialized); return its cost."""
 
     def probe(self, path: ComputePath) -> tuple[list[int], list[int] | None, float]:
-        """Run a new op whose outputs the caller could not describe (its inputs are locked
-        and materialized) and return their bytes, aliased inputs (None: none aliases an
-        input) and the op's cost; the following ``run`` only keeps the result."""
+        """Describe a new op whose outputs the caller could not (its inputs are locked and
+        materialized): their bytes, aliased inputs (None: none aliases an input) and the
+        op's cost, known before it runs so that the engine makes room first; an executor
+        that cannot tell without running the op may run it here, and the following ``run``
+        then only keeps the result."""
         raise NotImplementedError(f"{type(self).__name__} needs output sizes up front")
 
     @abstractmethod

@@ -87,9 +87,12 @@ class Storage:
 
 
 class Tensor:
-    """A value the program holds a handle to; it lives in one storage (as its base or a view)."""
+    """A value the program holds a handle to; it lives in one storage (as its base or a view).
 
-    __slots__ = ("alias", "defined", "ext_refs", "id", "producer", "storage")
+    ``meta`` is the executor's own description of the value (the torch executor's: shape,
+    strides, offset, dtype and device), opaque to the engine."""
+
+    __slots__ = ("alias", "defined", "ext_refs", "id", "meta", "producer", "storage")
 
     def __init__(self, tid: int, storage: Storage, producer: ComputePath | None,
                  alias: bool) -> None:
@@ -99,6 +102,7 @@ class Tensor:
         self.alias = alias
         self.defined = False
         self.ext_refs = 0
+        self.meta: object = None
 
     def __repr__(self) -> str:
         return f"Tensor(id={self.id}, storage={self.storage.id}, defined={self.defined})"

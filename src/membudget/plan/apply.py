@@ -19,7 +19,7 @@ import torch
 
 from membudget.plan.graph import from_trace
 from membudget.plan.planner import Plan, plan_trace
-from membudget.runtime.executor import RestoredRng, Slot, below_autograd
+from membudget.runtime.call import RestoredRng, Slot, below_autograd
 from membudget.runtime.flat import flatten_result, unflatten
 from membudget.runtime.session import Session
 from membudget.runtime.tensor import RematTensor
@@ -72,7 +72,7 @@ def record_step(model: torch.nn.Module, batch: Any,
         grads = {n: rec.tid(p.grad._ref.handle) for n, p in params.items()
                  if type(p.grad) is RematTensor}
         loss_id = rec.tid(loss._ref.handle)
-        leaves = session.leaves()
+        leaves = session.leaves.by_id()
         trace = rec.trace({"model": type(model).__name__, "source": "membudget.plan.apply"})
         ops = list(rec.ops)
     return Program(trace, ops, leaves, loss_id, grads, session.stats.peak_bytes, buffers)

@@ -1,18 +1,19 @@
 """The torch executor: runs aten ops for the engine and holds the real tensors it may drop.
 
 Every engine tensor's value is a real ``torch.Tensor`` kept in ``values`` while its storage is
-resident. A new op first runs in ``probe`` (the engine needs its output sizes to make room),
-so ``run`` then only stores that result; a recomputation rebuilds the op's arguments from the
-current values, restores the RNG state the op first ran with, and writes the outputs the
-engine placed. In-place ops write their new version into the old value's
-tensor when the engine lets them (it handed them its block, or nothing can need the old value
-any more), and into a copy otherwise (copy-on-write).
+resident. Before a new op runs, ``probe`` tells the engine the bytes its outputs will take and
+what it costs (``runtime.sizing``: predicted once per signature, then cached), so the engine
+makes room first; ``run`` then runs it. A recomputation rebuilds the op's arguments from the
+current values, restores the RNG state the op first ran with, and is checked against the
+first run: each output's shape, strides, offset, dtype and device (PyTorch's checkpoint
+``determinism_check``), and with ``check="checksum"`` its bytes too. In-place ops write their
+new version into the old value's tensor when the engine lets them (it handed them its block,
+or nothing can need the old value any more), and into a copy otherwise (copy-on-write).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+import hashlib
 from time import perf_counter_ns
 from typing import Any
 
@@ -20,177 +21,243 @@ import torch
 
 from membudget.core.executor import Executor
 from membudget.core.records import ComputePath, Storage, Tensor
-from membudget.runtime.flat import NO_KWARGS, Spec, flatten_result, unflatten
+from membudget.errors import MembudgetError, RecomputationError
+from membudget.runtime.call import (
+    OpCall,
+    OpTimer,
+    RestoredRng,
+    Slot,
+    below_autograd,
+    capture_rng,
+    devices_of,
+    generators_in,
+)
+from membudget.runtime.flat import flatten_result, unflatten
+from membudget.runtime.sizing import (
+    FAKE,
+    REAL,
+    Layout,
+    check_prediction,
+    dynamic_shape,
+    estimate,
+    meta_of,
+    observed,
+    predict,
+    signature,
+)
 
-
-class Slot:
-    """Placeholder in an op's flattened arguments for its ``index``-th engine input
-    (immutable, so ``slot(i)`` shares one per index)."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-
-_grad_enabled = torch._C.is_grad_enabled  # torch.is_grad_enabled's own Python frame skipped
-SLOTS = [Slot(i) for i in range(64)]  # SLOTS[i] is slot(i); it only ever grows
-
-
-def slot(i: int) -> Slot:
-    """The placeholder of engine input ``i``."""
-    while len(SLOTS) <= i:
-        SLOTS.append(Slot(len(SLOTS)))
-    return SLOTS[i]
-
-
-class OpCall:
-    """One aten call as the engine records it: enough to run it again.
-
-    ``leaves``/``spec`` are the flattened (args, kwargs) with engine inputs replaced by
-    :class:`Slot`; ``random`` whether it draws random numbers, and then ``rng`` the generator
-    states of its first run; ``grad`` the grad mode it ran in (some kernels consult it:
-    mkldnn's RNN keeps its workspace only with grad on). After the first run, ``outputs`` are
-    the positions of the recorded tensors in the flattened result, ``result`` those tensors
-    until the engine takes them, and ``returned`` the whole flattened result (with its
-    ``returned_kind``) until the session has wrapped it.
-    """
-
-    __slots__ = ("cost", "func", "grad", "leaves", "outputs", "random", "rerun_leaves",
-                 "result", "returned", "returned_kind", "rng", "spec")
-
-    def __init__(self, func: torch._ops.OpOverload, leaves: list[Any], spec: Spec,
-                 random: bool = False) -> None:
-        self.func = func
-        self.leaves = leaves
-        self.spec = spec
-        self.random = random
-        self.grad = _grad_enabled()
-        self.outputs: Sequence[int] = ()
-        self.rng: tuple | None = None
-        self.result: list[torch.Tensor] | None = None
-        self.returned: list[Any] | None = None
-        self.returned_kind: type | None = None
-        self.cost = 0.0  # measured on the first run (ns)
-        # the arguments of a recomputation, when they differ from the first run's (side
-        # effects dropped: see runtime.classify.UNDECLARED_WRITES)
-        self.rerun_leaves: list[Any] | None = None
-
-    def __repr__(self) -> str:
-        return str(self.func)
-
-
-def capture_rng(devices: Sequence[torch.device], generators: Sequence[torch.Generator]):
-    """The states a random op will draw from: the default CPU generator (always: ops on
-    other devices may still draw on it), each accelerator's, and explicit generators."""
-    cuda = [(d, torch.cuda.get_rng_state(d)) for d in devices if d.type == "cuda"]
-    return (torch.random.get_rng_state(), cuda, [(g, g.get_state()) for g in generators])
-
-
-def _set_rng(rng: tuple) -> None:
-    """Put the generators back in the states ``capture_rng`` took."""
-    cpu, cuda, gens = rng
-    torch.random.set_rng_state(cpu)
-    for d, s in cuda:
-        torch.cuda.set_rng_state(s, d)
-    for g, s in gens:
-        g.set_state(s)
-
-
-class RestoredRng:
-    """Run with the captured generator states, then put the current ones back."""
-
-    def __init__(self, rng: tuple) -> None:
-        self.rng = rng
-
-    def __enter__(self) -> None:
-        _, cuda, gens = self.rng
-        self.saved = capture_rng([d for d, _ in cuda], [g for g, _ in gens])
-        _set_rng(self.rng)
-
-    def __exit__(self, *exc: object) -> None:
-        _set_rng(self.saved)
-
-
-OpTimer = Callable[[Any, tuple, dict, Any], float]
-_FIRST = (0,)  # the outputs of an op that returns one tensor
+CHECKS = ("default", "checksum", "none")  # what a recomputation is checked against
 
 
 class TorchExecutor(Executor):
-    """Runs :class:`OpCall` paths on real (or fake) tensors; ``values`` maps engine tensor ids
-    to them. An op's cost is its measured time, or with ``cost`` the seconds that function
-    predicts from the op and its arguments and result (a cost model of another device)."""
+    """Runs :class:`OpCall` paths on real (or fake: ``fake=True``) tensors; ``values`` maps
+    engine tensor ids to them. An op's cost is known before it runs: the first measured run
+    of its signature (an estimate until there is one), or with ``cost`` the seconds that
+    function predicts from the op, its arguments and result (a cost model of another
+    device). ``check`` says what a recomputation is checked against (:data:`CHECKS`);
+    ``unsized`` counts the ops that had to run before they could be sized (or were sized
+    wrongly)."""
 
-    def __init__(self, cost: OpTimer | None = None) -> None:
+    def __init__(self, cost: OpTimer | None = None, *, check: str = "default",
+                 fake: bool = False) -> None:
+        if check not in CHECKS:
+            raise MembudgetError(f"unknown determinism_check {check!r}; known: "
+                                 f"{', '.join(CHECKS)}")
         self.values: dict[int, torch.Tensor] = {}
         self.cost = cost
-
-    def _cost(self, call: OpCall, args: tuple, kwargs: dict, out: Any, t0: int) -> float:
-        """The cost of an op's first run in ns: measured since ``t0``, or predicted."""
-        if self.cost is None:
-            return float(perf_counter_ns() - t0)
-        return self.cost(call.func, tuple(args), kwargs, out) * 1e9
+        self.check = check
+        self.layouts = FAKE if fake else REAL
+        self.unsized = 0
+        # outputs of a first run that a meta kernel sized wrongly, with their real bytes: the
+        # session has the engine resize them
+        self.misfits: list[tuple[Tensor, int]] = []
+        self._priced: dict[tuple, float] = {}  # signature -> what ``cost`` says, in ns
 
     def probe(self, path: ComputePath) -> tuple[list[int], list[int] | None, float]:
         call: OpCall = path.op
+        key = signature(call, path.inputs)
+        layout = self.layouts.get(key)
+        if layout is None:
+            predicted = predict(call, path)
+            if predicted is None:  # only a real run can tell
+                return self._run_first(path, call, key)
+            layout, args, kwargs, out = predicted
+            layout.key = key
+            if self.cost is None:
+                layout.cost = estimate(call.func, args, kwargs, out, _device_kind(path, call))
+        call.layout = layout
+        if self.cost is None:
+            cost = call.cost = layout.cost
+        else:
+            cost = call.cost = self._price(key, path, call, layout)
+        return layout.out_bytes, layout.out_alias, cost
+
+    def _price(self, key: tuple, path: ComputePath, call: OpCall, layout: Layout) -> float:
+        """What the ``cost`` function says of this signature (asked once), in ns: its
+        arguments' values and meta tensors of the outputs' layout."""
+        cost = self._priced.get(key)
+        if cost is None:
+            args, kwargs = unflatten(self._leaves(path, call.leaves), call.spec)
+            flat: list[Any] = [None] * (max(layout.outputs, default=-1) + 1)
+            for k, (shape, stride, _, dtype, _) in zip(layout.outputs, layout.meta, strict=True):
+                flat[k] = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+            out = flat[0] if len(flat) == 1 else flat
+            cost = self._priced[key] = self.cost(call.func, tuple(args), kwargs, out) * 1e9
+        return cost
+
+    def _leaves(self, path: ComputePath, given: list[Any]) -> list[Any]:
+        """A call's flattened arguments with the inputs' current values in their slots."""
         values = self.values
-        # loops, not comprehensions: on every op, and a comprehension is a call in Python 3.11
-        real = []
+        real = []  # loops, not comprehensions: on every op, and in Python 3.11 a
+        for t in path.inputs:  # comprehension is a call
+            real.append(values[t.id])
+        leaves = []
+        for x in given:
+            leaves.append(real[x.index] if type(x) is Slot else x)
+        return leaves
+
+    def _run_first(self, path: ComputePath, call: OpCall, key: tuple
+                   ) -> tuple[list[int], list[int] | None, float]:
+        """Run an op that could not be sized before it ran (the following ``run`` keeps its
+        result), and keep its layout unless its output shapes depend on its data."""
+        self.unsized += 1
+        leaves = self._leaves(path, call.leaves)
+        real = [self.values[t.id] for t in path.inputs]
+        if call.random:
+            call.rng = capture_rng(devices_of(real), generators_in(call.leaves))
+        args, kwargs = unflatten(leaves, call.spec)
+        t0 = perf_counter_ns()
+        out = call.func._op(*args, **kwargs)
+        measured = float(perf_counter_ns() - t0)
+        flat, call.returned_kind = flatten_result(out)
+        layout = observed(call, flat, real, measured)
+        if self.cost is None:
+            call.cost = measured
+        else:
+            call.cost = self.cost(call.func, tuple(args), kwargs, out) * 1e9
+            layout.measured = False  # (a fake run's time says nothing of a real one)
+        if not dynamic_shape(call.func):
+            self.layouts.keep(key, layout)
+        call.layout = layout
+        call.outputs = layout.outputs
+        call.returned = flat
+        call.result = [flat[k] for k in layout.outputs]
+        return layout.out_bytes, layout.out_alias, call.cost
+
+    def run(self, path: ComputePath, remat: bool) -> float:
+        call: OpCall = path.op
+        outputs = path.outputs
+        if remat:
+            results = self._rerun(path, call, remat)
+            if self.check != "none":
+                self._check(path, call, results)
+        else:
+            if call.result is not None:  # it ran to be sized
+                results, call.result = call.result, None
+            elif not path.mutated:  # a new op, sized before it runs
+                results = self._first_run(path, call)
+            else:  # an in-place op: it must see where the engine put its versions
+                results = self._rerun(path, call, remat)
+                path.cost = call.cost
+            self._describe(path, call)
+            if self.check == "checksum":
+                call.checksums = [_digest(r) for r in results]
+        values = self.values
+        for t, v in zip(outputs, results, strict=True):
+            # an output whose value is still there keeps it: a recomputation's duplicate of
+            # it is dropped (its views hold the kept one, which must stay the only copy)
+            if t.storage.resident and not t.defined:
+                values[t.id] = v
+        return path.cost
+
+    def _first_run(self, path: ComputePath, call: OpCall) -> list[torch.Tensor]:
+        """Run a new op the engine has made room for; a signature's first real run reads
+        its real layout (checking the prediction) and its time, kept for the next calls."""
+        values = self.values
+        real = []  # (_leaves, inlined: the hot path)
         for t in path.inputs:
             real.append(values[t.id])
         leaves = []
         for x in call.leaves:
             leaves.append(real[x.index] if type(x) is Slot else x)
         if call.random:
-            call.rng = capture_rng(_devices(real), _generators(call.leaves))
+            call.rng = capture_rng(devices_of(real), generators_in(call.leaves))
         op = call.func._op  # what OpOverload.__call__ calls, without its Python frame
         if call.spec is None:
             t0 = perf_counter_ns()
             out = op(*leaves)
-            args, kwargs = leaves, NO_KWARGS
         else:
             args, kwargs = unflatten(leaves, call.spec)
             t0 = perf_counter_ns()
             out = op(*args, **kwargs)
-        if self.cost is None:
-            cost = call.cost = float(perf_counter_ns() - t0)
+        elapsed = perf_counter_ns() - t0
+        layout: Layout = call.layout
+        if type(out) is torch.Tensor:  # most ops
+            call.returned_kind = None
+            flat = [out]
         else:
-            cost = call.cost = self._cost(call, args, kwargs, out, t0)
-        if type(out) is not torch.Tensor:
             flat, call.returned_kind = flatten_result(out)
-            call.outputs = [k for k, o in enumerate(flat) if isinstance(o, torch.Tensor)]
-            result = call.result = [flat[k] for k in call.outputs]
-            call.returned = flat
-            out_bytes, out_alias = _layout(result, real)
-            return out_bytes, out_alias, cost
-        # most ops: the result is its one output (_layout for it, inlined)
-        call.returned_kind = None
-        call.outputs = _FIRST
-        call.result = call.returned = [out]  # run() takes it before it is wrapped
-        st = out.untyped_storage()
-        nbytes = st.nbytes()
-        if nbytes:
-            where = st._cdata
-            for i, v in enumerate(real):
-                if v.untyped_storage()._cdata == where:
-                    return [0], [i], cost
-        return [nbytes], None, cost
+        call.returned = flat
+        if not layout.real:  # this signature's first run
+            seen = observed(call, flat, real, float(elapsed))
+            if check_prediction(call, layout, seen):
+                self._misfit(path, layout, seen)
+            if self.cost is not None:
+                seen.measured = False
+                seen.cost = layout.cost
+            self.layouts.keep(layout.key, seen)  # type: ignore[arg-type]
+            call.layout = layout = seen
+        elif not layout.measured and self.cost is None:
+            layout.cost = float(elapsed)  # (kept by a fake or priced run: now timed)
+            layout.measured = True
+        call.outputs = layout.outputs
+        if type(out) is torch.Tensor:
+            return flat
+        return [flat[k] for k in layout.outputs]
 
-    def run(self, path: ComputePath, remat: bool) -> float:
-        call: OpCall = path.op
+    def _misfit(self, path: ComputePath, predicted: Layout, seen: Layout) -> None:
+        """A first run whose outputs a meta kernel sized wrongly: each fresh output the
+        engine placed at the wrong size is resized by the session after the op."""
+        self.unsized += 1
         outputs = path.outputs
-        if call.result is not None:  # the first run, done by the session
-            results, call.result = call.result, None
-        elif remat:
-            results = self._rerun(path, call, remat)
-        else:  # an in-place op's first run: it must see where the engine put its versions
-            results = self._rerun(path, call, remat)
-            path.cost = call.cost
-        values = self.values
-        for t, v in zip(outputs, results, strict=True):
-            if t.storage.resident:
-                values[t.id] = v
-        return path.cost
+        assert outputs is not None
+        if len(seen.outputs) != len(outputs):
+            raise MembudgetError(f"{path.op}: its meta kernel returned {len(outputs)} tensors "
+                                 f"but its real kernel {len(seen.outputs)}")
+        for k, n in enumerate(seen.out_bytes):
+            if (predicted.out_alias is None or predicted.out_alias[k] < 0) \
+                    and n != predicted.out_bytes[k]:
+                self.misfits.append((outputs[k], n))
+
+    def _describe(self, path: ComputePath, call: OpCall) -> None:
+        """Give each output of a first run its :func:`meta_of` (the signature of the ops
+        that read it, and what its recomputation must reproduce)."""
+        outputs = path.outputs
+        assert outputs is not None
+        n = len(outputs) - len(path.mutated)
+        if n:
+            for t, m in zip(outputs, call.layout.meta, strict=True):  # (no versions here)
+                t.meta = m
+        inputs = path.inputs
+        for k, i in enumerate(path.mutated):
+            outputs[n + k].meta = inputs[i].meta
+
+    def _check(self, path: ComputePath, call: OpCall, results: list[torch.Tensor]) -> None:
+        """A recomputation must reproduce the first run's outputs (their metadata, and
+        their bytes when checking checksums)."""
+        outputs = path.outputs
+        assert outputs is not None
+        for k, (t, r) in enumerate(zip(outputs, results, strict=True)):
+            got = meta_of(r)
+            if got != t.meta:
+                raise RecomputationError(call, k, _describe_meta(t.meta), _describe_meta(got))
+        sums = call.checksums
+        if sums is not None:
+            for k, r in enumerate(results):
+                again = _digest(r)
+                if again != sums[k]:
+                    raise RecomputationError(call, k, f"bytes of digest {sums[k].hex()}",
+                                             f"bytes of digest {again.hex()}")
 
     def _rerun(self, path: ComputePath, call: OpCall, remat: bool) -> list[torch.Tensor]:
         """Run the op on the inputs' current values (writing into copies of the inputs it
@@ -200,7 +267,7 @@ class TorchExecutor(Executor):
         values = self.values
         ins = [values[t.id] for t in path.inputs]
         if call.random and call.rng is None:
-            call.rng = capture_rng(_devices(ins), _generators(call.leaves))
+            call.rng = capture_rng(devices_of(ins), generators_in(call.leaves))
         mutated = path.mutated
         reused = path.reused
         for i, new in zip(mutated, path.versions, strict=True):
@@ -217,7 +284,8 @@ class TorchExecutor(Executor):
                 t0 = perf_counter_ns()
                 out = call.func(*args, **kwargs)
                 if not remat:
-                    call.cost = self._cost(call, args, kwargs, out, t0)
+                    call.cost = (float(perf_counter_ns() - t0) if self.cost is None
+                                 else self.cost(call.func, tuple(args), kwargs, out) * 1e9)
         flat = flatten_result(out)[0]
         return [flat[k] for k in call.outputs] + [ins[i] for i in mutated]
 
@@ -230,19 +298,6 @@ class TorchExecutor(Executor):
         return self.values[tensor.id]
 
 
-_AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU).add(
-    torch._C.DispatchKey.AutocastCUDA)
-
-
-@contextmanager
-def below_autograd(grad: bool) -> Iterator[None]:
-    """Run recorded aten ops as they first ran: below autograd (no graph on the values) and
-    autocast (their dtypes are already decided), in the grad mode they saw."""
-    with (torch._C._AutoDispatchBelowAutograd(), torch._C._ExcludeDispatchKeyGuard(_AUTOCAST),
-          torch.set_grad_enabled(grad)):
-        yield
-
-
 def copy_of(v: torch.Tensor) -> torch.Tensor:
     """A copy of ``v`` with the same layout: the whole storage is copied and the view taken
     again, so a write through a view lands in the copy at the same place."""
@@ -251,35 +306,22 @@ def copy_of(v: torch.Tensor) -> torch.Tensor:
     return base.as_strided(v.size(), v.stride(), v.storage_offset())
 
 
-def _layout(tensors: list[torch.Tensor], inputs: list[torch.Tensor]
-            ) -> tuple[list[int], list[int] | None]:
-    """Bytes and aliased input of each output (None: no output aliases an input): a view
-    shares its input's storage. Storages are compared by identity, not data pointer, which
-    fake and meta tensors do not have (an output of 0 bytes aliases nothing)."""
-    out_bytes = []
-    out_alias = None
-    owners = None  # looked up only if some output has bytes
-    for k, o in enumerate(tensors):
-        st = o.untyped_storage()
-        nbytes = st.nbytes()
-        if nbytes:
-            if owners is None:
-                owners = []
-                for v in inputs:  # a loop, not a comprehension (see probe)
-                    owners.append(v.untyped_storage()._cdata)
-            where = st._cdata
-            if where in owners:
-                if out_alias is None:
-                    out_alias = [-1] * len(tensors)
-                out_alias[k] = owners.index(where)
-                nbytes = 0
-        out_bytes.append(nbytes)
-    return out_bytes, out_alias
+def _device_kind(path: ComputePath, call: OpCall) -> str:
+    """The device an op runs on: its first input's, or a factory op's ``device`` argument."""
+    if path.inputs:
+        return path.inputs[0].meta[4].type
+    for x in call.leaves:
+        if type(x) is torch.device:
+            return x.type
+    return "cpu"
 
 
-def _devices(values: list[torch.Tensor]) -> list[torch.device]:
-    return list({v.device for v in values if v.device.type != "cpu"})
+def _digest(x: torch.Tensor) -> bytes:
+    """A digest of a tensor's elements (``check="checksum"``: a debugging aid, not cheap)."""
+    data = x.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy()
+    return hashlib.blake2b(data.tobytes(), digest_size=16).digest()
 
 
-def _generators(leaves: list[Any]) -> list[torch.Generator]:
-    return [x for x in leaves if isinstance(x, torch.Generator)]
+def _describe_meta(m: tuple) -> str:
+    shape, stride, offset, dtype, device = m
+    return (f"shape {tuple(shape)}, strides {stride}, offset {offset}, {dtype} on {device}")

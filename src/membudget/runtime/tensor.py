@@ -3,15 +3,21 @@
 A :class:`RematTensor` has the metadata of its value (size, strides, dtype, device) but no
 storage of its own; its :class:`Ref` names the engine tensor whose real value the executor
 keeps, may drop and may recompute. Autograd saves wrappers, so dropping a value frees memory
-that a saved activation would otherwise pin. When a session closes, every live wrapper takes
-its value with it, and ops on it then run on that value as on a plain tensor.
+that a saved activation would otherwise pin. When a session ends, each wrapper the program
+still holds becomes an ordinary tensor in place (``runtime.handout``); one that torch itself
+also holds (an autograd graph still alive) keeps its value instead, and ops on it then run on
+that value as on a plain tensor. It prints and pickles as its value does, inside a session or
+after it.
 """
 
 from __future__ import annotations
 
+import threading
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 
 from membudget.core.records import Tensor
@@ -38,9 +44,11 @@ class Ref:
 
 
 class RematTensor(torch.Tensor):
-    """A tensor whose data the memory-budget engine may drop and regenerate."""
+    """A tensor whose data the memory-budget engine may drop and regenerate.
 
-    __slots__ = ("_ref",)
+    It keeps its :class:`Ref` in its ``__dict__`` (no ``__slots__``), so that it has the
+    layout of a plain tensor and can become one in place when its session ends."""
+
     _ref: Ref
 
     @staticmethod
@@ -52,7 +60,10 @@ class RematTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
-        """Reached only when no session's mode is active: run on the values directly."""
+        """Reached when no session's mode is active in this thread: run on the values."""
+        for x in (*args, *(kwargs or {}).values()):
+            if type(x) is RematTensor:
+                _check_thread(x._ref.session)
         return func(*tree_map(value_of, args), **tree_map(value_of, kwargs or {}))
 
     def value(self) -> torch.Tensor:
@@ -60,7 +71,26 @@ class RematTensor(torch.Tensor):
         return value_of(self)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
-        return f"RematTensor({value_of(self)!r})"
+        """As the value prints, with this tensor's autograd state (like any tensor)."""
+        ref = self._ref
+        if ref.value is None and (ref.session is None or ref.handle is None):
+            return f"RematTensor(<value lost>, size={tuple(self.shape)}, dtype={self.dtype})"
+        with _disable_current_modes():
+            text = torch._tensor_str._str(value_of(self).detach(),
+                                          tensor_contents=tensor_contents)
+        if self.grad_fn is not None:
+            return f"{text[:-1]}, grad_fn=<{type(self.grad_fn).__name__}>)"
+        if self.requires_grad:
+            return f"{text[:-1]}, requires_grad=True)"
+        return text
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickled (``torch.save`` too) as a plain tensor holding the value."""
+        with _disable_current_modes():
+            plain = value_of(self).detach()
+            if self.requires_grad:
+                plain.requires_grad_(True)
+        return plain.__reduce_ex__(protocol)
 
     def tolist(self) -> Any:
         return value_of(self).tolist()
@@ -93,6 +123,20 @@ def value_of(x: Any) -> Any:
     if ref.value is not None:
         return ref.value
     if ref.session is None or ref.handle is None:
-        raise MembudgetError("this tensor belonged to a membudget session that ended with an "
-                             "error; its value is gone")
+        raise MembudgetError("this tensor's value was lost when its membudget session failed "
+                             "(it could not be recomputed); recompute it from its inputs")
     return ref.session.read(ref.handle)
+
+
+def _check_thread(session: Session | None) -> None:
+    """Warn, once per session, when another thread computes on its tensors: a session is
+    per-thread, and that work runs outside the budget."""
+    if session is None or session.engine is None or session.warned_thread:
+        return
+    if threading.get_ident() != session.thread:
+        session.warned_thread = True
+        warnings.warn(f"thread {threading.current_thread().name!r} computes on tensors of a "
+                      "membudget session active in another thread: a session covers only its "
+                      "own thread, so that work runs outside its budget (and must not race "
+                      "with it); enter a session in that thread instead", RuntimeWarning,
+                      stacklevel=3)

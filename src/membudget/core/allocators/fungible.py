@@ -25,3 +25,26 @@ class FungibleAllocator(Allocator):
 
     def transfer(self, old: Storage, new: Storage) -> None:
         self.used += new.nbytes - old.nbytes
+
+
+class LiftedAllocator(FungibleAllocator):
+    """A fungible pool of ``capacity`` bytes that takes over from a budgeted one whose budget
+    had to be raised (to hand a program the values it holds at the end): ``peak`` stays the
+    budgeted run's, and ``high`` is the most it held itself."""
+
+    name = "lifted"
+
+    def __init__(self, replaced: Allocator, capacity: float) -> None:
+        super().__init__(capacity)
+        self.used = replaced.used
+        self.peak = replaced.peak
+        self.high: int = replaced.high if isinstance(replaced, LiftedAllocator) else replaced.used
+
+    def allocate(self, s: Storage) -> bool:
+        used = self.used + s.nbytes
+        if used > self.capacity:
+            return False
+        self.used = used
+        if used > self.high:
+            self.high = used
+        return True

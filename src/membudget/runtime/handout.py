@@ -1,0 +1,120 @@
+"""What a session hands back when it ends: the tensors the program holds, as plain tensors.
+
+Every wrapper the program still holds when the session ends (the loss, outputs, optimizer
+state, anything) is materialized and becomes an ordinary ``torch.Tensor`` in place: the same
+Python object, now with a storage of its own, so it prints, pickles, saves, takes in-place
+writes and enters a later session like any tensor. One with autograd history stays joined to
+it (its ``grad_fn`` is a ``HandOffBackward`` that passes gradients to the wrapper's history).
+The gradients of plain leaves (``param.grad``) become their values too.
+
+A wrapper that torch itself also holds (saved for the backward of a graph still alive)
+cannot be swapped safely: it keeps its value instead, and ops on it run on that value.
+
+The values are materialized within the budget, those already resident first, and each is
+pinned as it is handed out (the program holds it: the engine must count it, not evict it).
+Only if the budget cannot hold all of them at once is it raised, to what the next one needs
+(``SessionStats.beyond_budget_bytes``). After an error, only the values still in memory
+are handed back (parameters' gradients and optimizer state always are: they are pinned);
+nothing is recomputed, since the failed step cannot go on and the memory its recomputation
+would take may not exist, so an evicted value is dropped and reading it raises a clear error.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from membudget.core.records import Tensor
+from membudget.errors import BudgetTooSmallError, MembudgetError
+from membudget.runtime.tensor import RematTensor, value_of
+
+if TYPE_CHECKING:
+    from membudget.runtime.session import Session
+
+
+class HandOff(torch.autograd.Function):
+    """A handed-out tensor's link to the history of the wrapper it replaces."""
+
+    @staticmethod
+    def forward(ctx: Any, wrapper: RematTensor) -> torch.Tensor:
+        return value_of(wrapper).detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def hand_out(session: Session, failed: bool) -> None:
+    """Give the program's tensors their values and make them plain (see the module)."""
+    refs = session.refs
+    alive = refs.wrappers()
+    # after an error, only what is still in memory: nothing is recomputed
+    wanted = [(h, w) for h, w in alive if h.defined or not failed]
+    wanted.sort(key=lambda hw: not hw[0].defined)  # the resident ones cost no recomputation
+    for h, w in wanted:
+        try:
+            w._ref.value = _kept(session, h)
+        except MembudgetError:
+            if not failed:
+                raise
+    for tensor in session.leaves.plain():
+        g = tensor.grad if tensor.is_leaf else None  # only leaves accumulate gradients
+        if type(g) is RematTensor and g._ref.value is not None:
+            tensor.grad = g._ref.value
+    held, refs.held = refs.held, {}
+    for h in held:  # the program's references end with the session
+        session.recording.release(h)
+        session.engine.release(h)  # type: ignore[union-attr]
+    for _, w in alive:
+        ref = w._ref
+        ref.session = ref.handle = None  # (a wrapper that dies now releases nothing)
+        if ref.value is not None and w._use_count() == 1:
+            _become_plain(w)
+
+
+def _kept(session: Session, h: Tensor) -> torch.Tensor:
+    """The value of ``h``, materialized and pinned; the budget is raised to what that needs
+    if it cannot hold it beside the values handed out before."""
+    eng = session.engine
+    assert eng is not None
+
+    def pin() -> None:
+        session.recording.pin(h)
+        eng.pin(h)
+
+    while True:
+        try:
+            session.guarded(pin)
+            return session.read(h)
+        except BudgetTooSmallError as e:
+            capacity = eng.budget
+            if e.needed_bytes <= capacity and eng.allocator.name == "lifted":
+                raise  # (cannot happen: a fungible pool fails only when over capacity)
+            eng.lift_budget(e.needed_bytes)
+
+
+def _become_plain(w: RematTensor) -> None:
+    """Turn ``w`` into a plain tensor holding its value, in place (the same object)."""
+    value = w._ref.value
+    assert value is not None
+    if not w.requires_grad:
+        plain = value.detach()
+    elif not w.is_leaf:
+        plain = HandOff.apply(w)
+    else:  # a leaf made inside the session: a leaf again, with its gradient
+        plain = value.detach().requires_grad_(True)
+        if w.grad is not None:
+            plain.grad = value_of(w.grad)
+    _swap(w, plain)
+
+
+def _swap(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Exchange the contents of two tensor objects (``torch.utils.swap_tensors`` without
+    its refusal of weak references: the session's own weak reference to ``a`` is done)."""
+    a.__class__, b.__class__ = b.__class__, a.__class__
+    a.__dict__, b.__dict__ = b.__dict__, a.__dict__
+    torch._C._swap_tensor_impl(a, b)
+
+
+__all__ = ["HandOff", "hand_out"]

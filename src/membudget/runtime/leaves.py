@@ -1,0 +1,139 @@
+"""Plain tensors entering a session: each becomes a pinned leaf, counted once.
+
+A plain tensor that reaches an op (a parameter, a buffer, an input, a tensor made before the
+session) enters the engine as a pinned leaf: one leaf per real storage, and the other views
+of that storage as views of it (DDP's bucket views, say). Just before a module first runs in
+the session, all its parameters and buffers enter together, ahead of the activations they
+would otherwise be interleaved with: a layout-aware pool then keeps them in one run of blocks
+instead of scattering barriers that fragment it.
+
+The gradient of a leaf that requires one (a parameter's ``.grad``) is pinned once autograd has
+accumulated it: it is state the program holds to the end of the step, like the optimizer's,
+and recomputing one would rerun the backward pass up to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from membudget.core.records import Tensor
+from membudget.errors import OutOfBudget
+from membudget.runtime.call import OpCall, slot
+from membudget.runtime.flat import flatten
+from membudget.runtime.sizing import meta_of
+from membudget.runtime.tensor import RematTensor
+
+if TYPE_CHECKING:
+    from membudget.runtime.session import Session
+
+aten = torch.ops.aten
+
+
+class Leaves:
+    """The leaves of one session: by storage, dtype and view (``handle``), and the modules
+    whose state was adopted."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.by_view: dict[tuple, tuple[torch.Tensor, Tensor]] = {}
+        self.bases: dict[int, Tensor] = {}  # real storage -> its leaf
+        self.adopted: set[int] = set()  # ids of the modules whose state was adopted
+        self._hook = register_module_forward_pre_hook(self._adopt_module)
+        self._grad_hooks: list[Any] = []
+
+    def close(self) -> None:
+        self._hook.remove()
+        for hook in self._grad_hooks:
+            hook.remove()
+        self._grad_hooks = []
+        self.by_view = {}
+        self.bases = {}
+
+    def handle(self, x: torch.Tensor) -> Tensor:
+        """The engine handle of a plain tensor: one pinned leaf per real storage, counted
+        once, and other views of that storage as views of it."""
+        st = x.untyped_storage()
+        where = st._cdata  # the storage's identity (fake tensors have no data pointer)
+        key = (where, x.dtype, tuple(x.size()), tuple(x.stride()), x.storage_offset())
+        hit = self.by_view.get(key)
+        if hit is not None:
+            return hit[1]
+        session = self.session
+        eng, executor, rec = session.engine, session.executor, session.recording
+        assert eng is not None
+        base = self.bases.get(where)
+        if base is None or executor.values[base.id].dtype != x.dtype:
+            kind = "parameter" if isinstance(x, torch.nn.Parameter) else "leaf"
+            h = eng.put(st.nbytes(), kind)
+            h.meta = meta_of(x)
+            rec.put(h, kind)
+            executor.values[h.id] = x
+            self.bases.setdefault(where, h)
+            if x.requires_grad and x.is_leaf:
+                self._grad_hooks.append(x.register_post_accumulate_grad_hook(self._pin_grad))
+        else:
+            leaves, spec = flatten((slot(0), list(x.size()), list(x.stride()),
+                                    x.storage_offset()), {})
+            call = OpCall(aten.as_strided.default, leaves, spec)
+            (h,) = eng.apply(call, [base], None)
+            call.returned = None
+            rec.call(call, [base], [h], call.cost)
+        self.by_view[key] = (x, h)
+        return h
+
+    def _pin_grad(self, x: torch.Tensor) -> None:
+        """Autograd accumulated the gradient of ``x``: pin it (see the module)."""
+        g = x.grad
+        session = self.session
+        eng = session.engine
+        if type(g) is not RematTensor or g._ref.session is not session or eng is None:
+            return
+        h = g._ref.handle
+        if h is not None and not h.storage.pinned:
+            def pin() -> None:
+                session.recording.pin(h)
+                eng.pin(h)
+
+            session.guarded(pin)
+
+    def adopt(self, tensors: Iterable[Any]) -> None:
+        """Count these plain tensors toward the budget from now on, as pinned leaves."""
+        for x in tensors:
+            if type(x) is not RematTensor:
+                self.handle(x)
+
+    def plain(self) -> list[torch.Tensor]:
+        """The plain tensors that entered (each view once)."""
+        return [x for x, _ in self.by_view.values()]
+
+    def by_id(self) -> dict[int, torch.Tensor]:
+        """The plain tensors that entered as leaves, by their engine (and trace) id."""
+        return {h.id: x for x, h in self.by_view.values() if h.producer is None}
+
+    def _adopt_module(self, module: torch.nn.Module, args: Any) -> None:
+        """Before a module first runs in the session, adopt all its parameters and buffers
+        (its submodules' included)."""
+        session = self.session
+        if id(module) in self.adopted or _get_current_dispatch_mode() is not session:
+            return  # (the hook is global: not this thread's session)
+        self.adopted.update(id(m) for m in module.modules())
+        state = [*module.parameters(), *module.buffers()]
+
+        def adopt_all() -> None:
+            for k, x in enumerate(state):
+                try:
+                    self.adopt((x,))
+                except OutOfBudget as e:  # say what was adopted, and all that it needs
+                    rest = {y.untyped_storage()._cdata: y.untyped_storage().nbytes()
+                            for y in state[k + 1:]}
+                    rest.pop(x.untyped_storage()._cdata, None)  # counted in the request
+                    e.op = f"adopting the parameters and buffers of {type(module).__name__}"
+                    e.request_bytes += sum(n for w, n in rest.items() if w not in self.bases)
+                    raise
+
+        session.guarded(adopt_all)

@@ -1,0 +1,323 @@
+"""The training loop people actually write: sessions across steps, state that outlives a
+session, saving inside one, an error caught and training continued, nesting and threads.
+
+The models here (a small Llama, a CNN with in-place ReLU and residual ``+=``) appear in no
+other test. Every comparison with eager PyTorch is bitwise: CPU kernels are deterministic
+and recomputation restores the RNG state.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+import re
+import threading
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import membudget
+from membudget import BudgetTooSmallError, MembudgetError
+from membudget.runtime.tensor import RematTensor
+
+
+def llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=64, attention_dropout=0.1)
+    model = LlamaForCausalLM(cfg)
+    ids = torch.randint(0, 256, (4, 64))
+    return model, lambda m: m(input_ids=ids, labels=ids).loss
+
+
+class Block(nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, c, 3, padding=1)
+        self.bn = nn.BatchNorm2d(c)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        y = self.relu(self.bn(self.conv1(x)))
+        y = self.conv2(y)
+        y += x  # residual, in place
+        return self.relu(y)
+
+
+def cnn():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True),
+                          *[Block(8) for _ in range(3)], nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(8, 10))
+    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
+    return model, lambda m: F.cross_entropy(m(x), y)
+
+
+OPTIMIZERS = {
+    "adamw-foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=True),
+    "adamw-fused": lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True),
+    "adamw-for-loop": lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False),
+    "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9),
+}
+
+
+def peak_of(model, loss_fn, make_opt):
+    """The most a session of one whole step (forward, backward, optimizer) holds with no
+    limit, over a first step and one with the optimizer's state made."""
+    model = copy.deepcopy(model)
+    opt = make_opt(model.parameters())
+    peaks = []
+    for _ in range(2):
+        with membudget.budget(10**10) as s:
+            loss_fn(model).backward()
+            opt.step()
+        peaks.append(s.stats.peak_bytes)
+    return max(peaks)
+
+
+def train(model, loss_fn, make_opt, steps, budget=None, decorated=False):
+    """``steps`` steps, each in a session of its own (none if ``budget`` is None); the
+    losses and the parameters after each step."""
+    torch.manual_seed(1)
+    opt = make_opt(model.parameters())
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model)
+        loss.backward()
+        opt.step()
+        return loss
+
+    session = membudget.budget(budget) if budget is not None else None
+    if decorated:
+        step = session(step)
+    losses, params, evictions = [], [], 0
+    for _ in range(steps):
+        if session is None or decorated:
+            loss = step()
+        else:
+            with session:
+                loss = step()
+        if session is not None:
+            evictions += session.stats.evictions
+        assert type(loss) is torch.Tensor  # handed back as a plain tensor
+        losses.append(loss.detach().clone())
+        params.append([p.detach().clone() for p in model.parameters()])
+    for value in opt.state_dict()["state"].values():
+        for v in value.values():
+            assert type(v) is torch.Tensor
+    assert session is None or evictions > 0  # the budget was tight enough to matter
+    return losses, params
+
+
+def assert_bitwise(got, ref):
+    for (la, pa), (lb, pb) in zip(zip(*got, strict=True), zip(*ref, strict=True), strict=True):
+        assert torch.equal(la, lb)
+        for a, b in zip(pa, pb, strict=True):
+            assert torch.equal(a, b)
+
+
+def tight(model, loss_fn, make_opt, state_per_param):
+    """A budget halfway between what an optimizer step must hold at once (parameters,
+    gradients and ``state_per_param`` state tensors per parameter) and the unlimited peak:
+    the activations must be evicted and recomputed."""
+    floor = sum(p.numel() * p.element_size() for p in model.parameters()) * (
+        2 + state_per_param)
+    peak = peak_of(model, loss_fn, make_opt)
+    assert peak > floor
+    return (floor + peak) // 2
+
+
+@pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("build", [llama, cnn], ids=["llama", "cnn"])
+def test_one_session_per_step_with_a_stateful_optimizer_is_bitwise_eager(build, opt):
+    model, loss_fn = build()
+    make = OPTIMIZERS[opt]
+    budget = tight(model, loss_fn, make, 1 if opt == "sgd-momentum" else 2)
+    ref = train(copy.deepcopy(model), loss_fn, make, 3)
+    got = train(copy.deepcopy(model), loss_fn, make, 3, budget=budget)
+    assert_bitwise(got, ref)
+
+
+def test_a_decorated_step_function_across_steps_is_bitwise_eager():
+    model, loss_fn = cnn()
+    make = OPTIMIZERS["adamw-foreach"]
+    budget = tight(model, loss_fn, make, 2)
+    ref = train(copy.deepcopy(model), loss_fn, make, 3)
+    got = train(copy.deepcopy(model), loss_fn, make, 3, budget=budget, decorated=True)
+    assert_bitwise(got, ref)
+
+
+def test_a_tensor_made_in_one_session_is_written_in_place_in_a_later_one():
+    x = torch.arange(4.0)
+    with membudget.budget("1 MiB"):
+        y = x * 2.0
+    assert type(y) is torch.Tensor and "RematTensor" not in repr(y)
+    with membudget.budget("1 MiB"):
+        y += 1.0
+        y.mul_(2.0)
+    assert y.tolist() == [2.0, 6.0, 10.0, 14.0]
+
+
+def test_torch_save_inside_a_session_writes_plain_tensors_that_load_back_equal(tmp_path):
+    model, loss_fn = llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with membudget.budget(10**9):
+        loss = loss_fn(model)
+        loss.backward()
+        opt.step()
+        assert type(loss) is RematTensor and type(opt.state[model.lm_head.weight]["exp_avg"]) \
+            is RematTensor
+        torch.save(model.state_dict(), tmp_path / "model.pt")
+        torch.save(opt.state_dict(), tmp_path / "opt.pt")
+        torch.save({"loss": loss, "step": 1}, tmp_path / "loss.pt")
+        pickled = pickle.dumps(loss)
+        assert repr(loss).startswith("tensor(") and "grad_fn=" in repr(loss)
+    model_sd, opt_sd = torch.load(tmp_path / "model.pt"), torch.load(tmp_path / "opt.pt")
+    for k, v in model.state_dict().items():
+        assert type(model_sd[k]) is torch.Tensor and torch.equal(model_sd[k], v)
+    for k, st in opt.state_dict()["state"].items():
+        for name, v in st.items():
+            assert type(opt_sd["state"][k][name]) is torch.Tensor
+            assert torch.equal(opt_sd["state"][k][name], v)
+    assert torch.equal(torch.load(tmp_path / "loss.pt")["loss"], loss)
+    assert torch.equal(pickle.loads(pickled), loss)
+    buf = io.BytesIO()
+    torch.save(loss, buf)  # after the session too
+    assert torch.equal(torch.load(io.BytesIO(buf.getvalue())), loss)
+
+
+def _mlp(width: int = 256):
+    """Parameters dominate its memory: a budget can fit forward and backward but not the
+    optimizer's temporaries, or forward but not backward."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Linear(width, width),
+                          nn.Tanh(), nn.Linear(width, 10))
+    x, y = torch.randn(4, width), torch.randint(0, 10, (4,))
+    return model, lambda m: F.cross_entropy(m(x), y)
+
+
+def _eager_step(model, loss_fn, opt):
+    opt.zero_grad(set_to_none=True)
+    loss = loss_fn(model)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def _fail_in(phase: str):
+    """Train one eager step (so the optimizer has state), then fail the next in a session in
+    ``phase``; return the model, optimizer and loss function, and the error."""
+    model, loss_fn = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    _eager_step(model, loss_fn, opt)
+    params = sum(p.numel() * 4 for p in model.parameters())
+    # forward needs the parameters and a little; backward the gradients too; the update
+    # of AdamW (foreach) makes whole lists of temporaries
+    budget = int(params * (1.2 if phase == "backward" else 2.5))
+    opt.zero_grad(set_to_none=True)
+    with pytest.raises(BudgetTooSmallError) as err, membudget.budget(budget):
+        loss = loss_fn(model)
+        reached = "backward"
+        loss.backward()
+        reached = "optimizer"
+        opt.step()
+    assert reached == phase, (phase, str(err.value))
+    return model, opt, loss_fn, loss
+
+
+def test_a_failure_in_backward_leaves_plain_state_and_eager_training_goes_on():
+    """A failed backward changed only gradients: after zero_grad, training continues as if
+    the failed step never ran (bitwise)."""
+    model, opt, loss_fn, loss = _fail_in("backward")
+    if type(loss) is not torch.Tensor:  # evicted when it failed: not recomputed after it
+        assert "value lost" in repr(loss)
+        with pytest.raises(MembudgetError, match="lost when its membudget session failed"):
+            loss.item()
+    for p in model.parameters():
+        assert p.grad is None or type(p.grad) is torch.Tensor
+    ref_model, ref_loss_fn = _mlp()
+    ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-2, foreach=True)
+    _eager_step(ref_model, ref_loss_fn, ref_opt)
+    for _ in range(2):
+        assert torch.equal(_eager_step(model, loss_fn, opt),
+                           _eager_step(ref_model, ref_loss_fn, ref_opt))
+    for p, q in zip(model.parameters(), ref_model.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_a_failure_in_the_optimizer_step_leaves_plain_state_and_eager_training_goes_on():
+    """A failed optimizer step may have updated part of the optimizer's state (AdamW's step
+    counts first): what the program holds stays usable and training continues."""
+    model, opt, loss_fn, _ = _fail_in("optimizer")
+    for st in opt.state.values():
+        for v in st.values():
+            assert type(v) is torch.Tensor and torch.isfinite(v).all()
+    for p in model.parameters():
+        assert type(p.grad) is torch.Tensor
+    losses = [_eager_step(model, loss_fn, opt) for _ in range(3)]
+    assert all(torch.isfinite(x) for x in losses)
+
+
+def test_sessions_do_not_nest_and_the_outer_one_goes_on():
+    x = torch.arange(4.0)
+    inner = membudget.budget("1 MiB")
+
+    @inner
+    def decorated():
+        return x * 3.0
+
+    with membudget.budget("1 MiB") as outer:
+        y = x * 2.0
+        with pytest.raises(MembudgetError, match="do not nest"), membudget.budget("1 MiB"):
+            pass
+        with pytest.raises(MembudgetError, match="do not nest"):
+            decorated()
+        z = y + 1.0
+        assert type(z) is RematTensor and z._ref.session is outer
+    assert z.tolist() == [1.0, 3.0, 5.0, 7.0]
+    assert decorated().tolist() == [0.0, 3.0, 6.0, 9.0]  # on its own it works
+
+
+def test_another_thread_using_session_tensors_is_warned_once():
+    x = torch.arange(4.0)
+    results = []
+    with membudget.budget("1 MiB"):
+        y = x * 2.0
+
+        def work():
+            results.append((y + 1.0).tolist())
+            results.append((y * 2.0).tolist())
+
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            t = threading.Thread(target=work)
+            t.start()
+            t.join()
+    ours = [w for w in seen if "runs outside its budget" in str(w.message)]
+    assert len(ours) == 1
+    assert results == [[1.0, 3.0, 5.0, 7.0], [0.0, 4.0, 8.0, 12.0]]
+
+
+def test_the_suggested_budget_is_accepted_as_printed():
+    model, loss_fn = cnn()
+    params = sum(p.numel() * 4 for p in model.parameters())
+    with pytest.raises(BudgetTooSmallError) as err, membudget.budget(params + 20_000):
+        loss_fn(model).backward()
+    message = str(err.value)
+    printed = re.search(r"needs a budget of at least ([\d,]+ B)", message).group(1)
+    assert "a lower bound" in message and "--min-budget" in message
+    session = membudget.budget(printed)
+    assert session.budget_bytes == err.value.needed_bytes
+    try:  # at that budget the op that failed fits: the run completes, or fails further on
+        with session:
+            loss_fn(model).backward()
+    except BudgetTooSmallError as later:
+        assert later.needed_bytes > err.value.needed_bytes or later.op != err.value.op
