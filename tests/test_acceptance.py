@@ -106,3 +106,10 @@ def test_cli_simulate_json_import_and_errors(tmp_path):
         assert conv.returncode == 0, conv.stderr
         assert measure_baseline(load_trace(target)) == measure_baseline(
             load_trace(f"{LOGS}::unet"))
+
+
+def test_the_readme_demo_runs_and_matches_the_unconstrained_losses():
+    """`membudget demo`, the README's first command (two steps instead of five)."""
+    run = _cli("demo", "--steps", "2")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "within the budget" in run.stdout and "losses identical: yes" in run.stdout

@@ -73,7 +73,7 @@ def run_demo(ratio: float = 0.4, steps: int = 5, policy: str = "dtr", batch: int
                     loss = model(input_ids=ids, labels=ids).loss
                     loss.backward()
                 st = session.stats
-                result = StepResult(float(loss.value()), time.perf_counter() - t0,
+                result = StepResult(float(loss.detach()), time.perf_counter() - t0,
                                     st.evictions, st.remat_ops, st.peak_bytes)
             opt.step()  # outside the budget: it writes the parameters in place
             out.append(result)

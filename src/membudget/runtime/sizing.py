@@ -98,8 +98,9 @@ REAL, FAKE = Layouts(), Layouts()
 
 
 def signature(call: Any, inputs: tuple[Tensor, ...]) -> tuple:
-    """The key of a call's outputs: everything they can depend on but the data."""
-    key = [call.func, call.spec, call.grad]
+    """The key of a call's outputs: everything they can depend on but the data (the op by
+    its C++ handle, whose hash is C's: an OpOverload hashes in Python)."""
+    key = [call.func._op, call.spec, call.grad]
     for x in call.leaves:
         kind = type(x)
         if kind is list:

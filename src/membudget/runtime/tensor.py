@@ -40,7 +40,7 @@ class Ref:
 
     def __del__(self) -> None:
         if self.session is not None and self.handle is not None:
-            self.session.release(self.handle)
+            self.session.refs.release(self.handle)
 
 
 class RematTensor(torch.Tensor):
