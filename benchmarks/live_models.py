@@ -140,13 +140,22 @@ class LSTMLM(nn.Module):
 
 
 @dataclass
+class Built:
+    """A built model: the module, its loss on its batch (made once, before any session) and
+    its sizes in words."""
+
+    model: nn.Module
+    loss: LOSS
+    sizes: str
+
+
+@dataclass
 class ModelSpec:
-    """A model to measure: ``build(quick)`` gives the module and its loss function (the
-    batch is made inside, once, before any session)."""
+    """A model to measure: ``build(quick)`` makes it (smaller with ``quick``)."""
 
     name: str
     what: str
-    build: Callable[[bool], tuple[nn.Module, LOSS]]
+    build: Callable[[bool], Built]
     autocast: bool = False
 
 
@@ -154,43 +163,65 @@ def _tokens(batch: int, seq: int, vocab: int) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, seq))
 
 
-def build_qwen2(quick: bool) -> tuple[nn.Module, LOSS]:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def _causal_lm(cls_name: str, config_name: str, quick: bool, **extra: Any) -> Built:
+    """A Llama-family causal LM (Qwen2, Mistral) with SDPA attention, labels = inputs."""
+    import transformers
 
-    cfg = Qwen2Config(vocab_size=4000, hidden_size=128, intermediate_size=384,
-                      num_hidden_layers=2 if quick else 4, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=512)
-    model = Qwen2ForCausalLM._from_config(cfg, attn_implementation="sdpa")
-    ids = _tokens(4 if quick else 8, 128 if quick else 256, cfg.vocab_size)
-    return model, lambda m: m(input_ids=ids, labels=ids).loss
+    layers, batch, seq = (2, 4, 128) if quick else (4, 8, 256)
+    cfg = getattr(transformers, config_name)(
+        vocab_size=4000, hidden_size=128, intermediate_size=384, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, **extra)
+    model = getattr(transformers, cls_name)._from_config(cfg, attn_implementation="sdpa")
+    ids = _tokens(batch, seq, cfg.vocab_size)
+    return Built(model, lambda m: m(input_ids=ids, labels=ids).loss,
+                 f"{layers} layers, hidden 128, FFN 384, 4 heads / 2 KV heads, vocabulary 4000; "
+                 f"batch {batch} × {seq} tokens")
 
 
-def build_vit(quick: bool) -> tuple[nn.Module, LOSS]:
+def build_qwen2(quick: bool) -> Built:
+    return _causal_lm("Qwen2ForCausalLM", "Qwen2Config", quick)
+
+
+def build_mistral(quick: bool) -> Built:
+    return _causal_lm("MistralForCausalLM", "MistralConfig", quick, sliding_window=None)
+
+
+def build_vit(quick: bool) -> Built:
     from transformers import ViTConfig, ViTForImageClassification
 
-    cfg = ViTConfig(image_size=64, patch_size=8, hidden_size=128, num_hidden_layers=2 if quick
-                    else 4, num_attention_heads=4, intermediate_size=384, num_labels=10,
+    layers, batch = (2, 8) if quick else (4, 32)
+    cfg = ViTConfig(image_size=64, patch_size=8, hidden_size=128, num_hidden_layers=layers,
+                    num_attention_heads=4, intermediate_size=384, num_labels=10,
                     hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
     model = ViTForImageClassification._from_config(cfg, attn_implementation="eager")
-    x = torch.randn(8 if quick else 32, 3, 64, 64)
-    y = torch.randint(0, 10, (x.shape[0],))
-    return model, lambda m: m(pixel_values=x, labels=y).loss
+    x = torch.randn(batch, 3, 64, 64)
+    y = torch.randint(0, 10, (batch,))
+    return Built(model, lambda m: m(pixel_values=x, labels=y).loss,
+                 f"{layers} layers, hidden 128, FFN 384, 4 heads, eager attention, hidden and "
+                 f"attention dropout 0.1; batch {batch} × 3×64×64 (patch 8: 65 tokens), "
+                 "10 classes")
 
 
-def build_t5(quick: bool) -> tuple[nn.Module, LOSS]:
+def _seq2seq_batch(quick: bool, vocab: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+    batch = 4 if quick else 8
+    return batch, _tokens(batch, 128, vocab), _tokens(batch, 64, vocab)
+
+
+def build_t5(quick: bool) -> Built:
     from transformers import T5Config, T5ForConditionalGeneration
 
-    cfg = T5Config(vocab_size=4000, d_model=128, d_kv=32, d_ff=384, num_layers=2 if quick
-                   else 3, num_decoder_layers=2 if quick else 3, num_heads=4,
-                   dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0)
+    layers = 2 if quick else 3
+    cfg = T5Config(vocab_size=4000, d_model=128, d_kv=32, d_ff=384, num_layers=layers,
+                   num_decoder_layers=layers, num_heads=4, dropout_rate=0.1,
+                   decoder_start_token_id=0, pad_token_id=0)
     model = T5ForConditionalGeneration._from_config(cfg)
-    batch = 4 if quick else 8
-    src = _tokens(batch, 128, cfg.vocab_size)
-    tgt = _tokens(batch, 64, cfg.vocab_size)
-    return model, lambda m: m(input_ids=src, labels=tgt).loss
+    batch, src, tgt = _seq2seq_batch(quick, cfg.vocab_size)
+    return Built(model, lambda m: m(input_ids=src, labels=tgt).loss,
+                 f"{layers}+{layers} layers, d_model 128, FFN 384, 4 heads, dropout 0.1, "
+                 f"vocabulary 4000; batch {batch}, 128 source → 64 target tokens")
 
 
-def build_bart(quick: bool) -> tuple[nn.Module, LOSS]:
+def build_bart(quick: bool) -> Built:
     from transformers import BartConfig, BartForConditionalGeneration
 
     layers = 2 if quick else 3
@@ -199,47 +230,45 @@ def build_bart(quick: bool) -> tuple[nn.Module, LOSS]:
                      decoder_attention_heads=4, encoder_ffn_dim=384, decoder_ffn_dim=384,
                      max_position_embeddings=256, dropout=0.1, attention_dropout=0.1)
     model = BartForConditionalGeneration._from_config(cfg, attn_implementation="sdpa")
-    batch = 4 if quick else 8
-    src = _tokens(batch, 128, cfg.vocab_size)
-    tgt = _tokens(batch, 64, cfg.vocab_size)
-    return model, lambda m: m(input_ids=src, labels=tgt).loss
+    batch, src, tgt = _seq2seq_batch(quick, cfg.vocab_size)
+    return Built(model, lambda m: m(input_ids=src, labels=tgt).loss,
+                 f"{layers}+{layers} layers, d_model 128, FFN 384, 4 heads, SDPA, dropout and "
+                 f"attention dropout 0.1, vocabulary 4000; batch {batch}, 128 source → 64 "
+                 "target tokens")
 
 
-def build_cnn(quick: bool) -> tuple[nn.Module, LOSS]:
-    model = InplaceCNN(width=16 if quick else 32)
-    x = torch.randn(8 if quick else 16, 3, 32 if quick else 64, 32 if quick else 64)
-    y = torch.randint(0, 10, (x.shape[0],))
-    return model, lambda m: F.cross_entropy(m(x), y)
+def build_cnn(quick: bool) -> Built:
+    width, batch, side = (16, 8, 32) if quick else (32, 16, 64)
+    model = InplaceCNN(width=width)
+    x = torch.randn(batch, 3, side, side)
+    y = torch.randint(0, 10, (batch,))
+    return Built(model, lambda m: F.cross_entropy(m(x), y),
+                 f"stem + 3 stages × 2 basic blocks, widths {width}/{2 * width}/{4 * width}; "
+                 f"batch {batch} × 3×{side}×{side}, 10 classes")
 
 
-def build_lstm(quick: bool) -> tuple[nn.Module, LOSS]:
-    vocab = 4000
-    model = LSTMLM(vocab, 128, 128 if quick else 256)
-    tokens = _tokens(8 if quick else 16, 33 if quick else 65, vocab)
+def build_lstm(quick: bool) -> Built:
+    vocab, hidden, batch, steps = 4000, 128 if quick else 256, 8 if quick else 16, \
+        32 if quick else 64
+    model = LSTMLM(vocab, 128, hidden)
+    tokens = _tokens(batch, steps + 1, vocab)
     inp, target = tokens[:, :-1], tokens[:, 1:]
-    return model, lambda m: F.cross_entropy(m(inp).flatten(0, 1), target.flatten())
-
-
-def build_mistral(quick: bool) -> tuple[nn.Module, LOSS]:
-    from transformers import MistralConfig, MistralForCausalLM
-
-    cfg = MistralConfig(vocab_size=4000, hidden_size=128, intermediate_size=384,
-                        num_hidden_layers=2 if quick else 4, num_attention_heads=4,
-                        num_key_value_heads=2, max_position_embeddings=512, sliding_window=None)
-    model = MistralForCausalLM._from_config(cfg, attn_implementation="sdpa")
-    ids = _tokens(4 if quick else 8, 128 if quick else 256, cfg.vocab_size)
-    return model, lambda m: m(input_ids=ids, labels=ids).loss
+    return Built(model, lambda m: F.cross_entropy(m(inp).flatten(0, 1), target.flatten()),
+                 f"embedding 128, 2 layers of hidden {hidden} (dropout 0.1 between them), "
+                 f"vocabulary {vocab}; batch {batch} × {steps} steps")
 
 
 MODELS = [
-    ModelSpec("qwen2-sdpa", "Qwen2 causal LM, SDPA attention, GQA 4/2 heads", build_qwen2),
-    ModelSpec("vit-dropout", "ViTForImageClassification 64×64/8, dropout 0.1", build_vit),
-    ModelSpec("t5", "T5 encoder-decoder, dropout 0.1, 128→64 tokens", build_t5),
-    ModelSpec("cnn-inplace", "residual CNN, ReLU(inplace), BN, out += identity", build_cnn),
-    ModelSpec("lstm-lm", "nn.LSTM LM (2 layers, oneDNN), 64 steps", build_lstm),
-    ModelSpec("mistral-bf16", "Mistral causal LM under autocast bf16", build_mistral,
-              autocast=True),
-    ModelSpec("bart", "Bart encoder-decoder, SDPA, dropout 0.1, 128→64 tokens", build_bart),
+    ModelSpec("qwen2-sdpa", "Qwen2ForCausalLM, SDPA attention", build_qwen2),
+    ModelSpec("vit-dropout", "ViTForImageClassification with dropout (the zoo's ViT-B/16 "
+              "has none)", build_vit),
+    ModelSpec("t5", "T5ForConditionalGeneration (relative position biases)", build_t5),
+    ModelSpec("cnn-inplace", "residual CNN of this file: nn.ReLU(inplace=True), BatchNorm, "
+              "`out += identity`", build_cnn),
+    ModelSpec("lstm-lm", "nn.LSTM language model (oneDNN kernel, not unrolled)", build_lstm),
+    ModelSpec("mistral-bf16", "MistralForCausalLM (Llama-like), SDPA, trained under "
+              "torch.autocast(\"cpu\", dtype=torch.bfloat16)", build_mistral, autocast=True),
+    ModelSpec("bart", "BartForConditionalGeneration, SDPA attention", build_bart),
 ]
 
 
@@ -250,7 +279,8 @@ class Case:
     def __init__(self, spec: ModelSpec, quick: bool) -> None:
         torch.manual_seed(0)
         self.spec = spec
-        self.model, self.loss = spec.build(quick)
+        built = spec.build(quick)
+        self.model, self.loss, self.sizes = built.model, built.loss, built.sizes
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, foreach=True)
         self.phase = "-"
@@ -300,11 +330,13 @@ class Failure:
     needed: int
     unevictable: int
     budget: int
+    largest_free: int  # the largest free block the pool could give (< request: fragmentation)
     resident: int  # the sum over the resident storages found
     records_seen: bool  # gc.get_objects() found the engine's Storage records
     parts: dict[str, int] = field(default_factory=dict)
     other_pinned: Counter[str] = field(default_factory=Counter)
     locked: Counter[str] = field(default_factory=Counter)
+    locked_items: list[tuple[int, str]] = field(default_factory=list)  # (bytes, op and shape)
     op_inputs: int = -1  # resident bytes of the failing op's input storages (-1: not found)
     op_inputs_locked: int = -1  # of which not pinned
 
@@ -319,6 +351,16 @@ class Failure:
     @property
     def excess(self) -> int:
         return self.resident - self.floor
+
+    @property
+    def beyond_inputs(self) -> int:
+        """The excess that is not the failing op's own (non-pinned) inputs."""
+        return self.excess - max(self.op_inputs_locked, 0)
+
+    @property
+    def fragmented(self) -> bool:
+        """The budget had room for the request, but not in one block."""
+        return self.needed <= self.budget
 
 
 def op_name(op: object) -> str:
@@ -336,6 +378,14 @@ def producer_name(s: Storage) -> str:
         return "?"
     p = s.tensors[0].producer
     return "leaf" if p is None else op_name(p.op)
+
+
+def shape_of(s: Storage) -> str:
+    """The shape and dtype of the base tensor of ``s``, as ``[4, 65, 65] float32``."""
+    meta = s.tensors[0].meta if s.tensors else None
+    if not isinstance(meta, tuple):
+        return "(not run yet)"
+    return f"[{', '.join(map(str, meta[0]))}] {str(meta[3]).removeprefix('torch.')}"
 
 
 def engine_records() -> Iterator[object]:
@@ -377,7 +427,8 @@ def breakdown(session: Session, case: Case, e: membudget.BudgetTooSmallError) ->
         elif t is ComputePath and o.op is e.op:  # type: ignore[attr-defined]
             paths.append(o)  # type: ignore[arg-type]
     f = Failure(op_name(e.op), case.phase, False, e.request_bytes, e.needed_bytes,
-                e.unevictable_bytes, int(e.budget_bytes), 0, bool(storages))
+                e.unevictable_bytes, int(e.budget_bytes), int(e.largest_free_bytes), 0,
+                bool(storages))
     parts: Counter[str] = Counter()
     for s in storages:
         if not s.resident or s.nbytes == 0:
@@ -391,8 +442,13 @@ def breakdown(session: Session, case: Case, e: membudget.BudgetTooSmallError) ->
             f.other_pinned[producer_name(s)] += s.nbytes
         else:
             parts["locked"] += s.nbytes
-            f.locked[producer_name(s)] += s.nbytes
+            own = s.tensors and s.tensors[0].producer is not None \
+                and s.tensors[0].producer.op is e.op
+            name = producer_name(s) + (" (its own outputs)" if own else "")
+            f.locked[name] += s.nbytes
+            f.locked_items.append((s.nbytes, f"{name} {shape_of(s)}"))
     f.parts = dict(parts)
+    f.locked_items.sort(reverse=True)
     if paths:
         path = paths[-1]
         f.remat = any(t.storage.evicted for t in path.outputs or ())
@@ -421,6 +477,7 @@ def run_step(case: Case, budget: int, policy: str, cost_limit: float | None = No
     """One step in one session: its stats, wall time, failure breakdown (if it ran out) and
     whether the recomputation cost limit stopped it."""
     case.reset()
+    collect()
     failure: Failure | None = None
     stopped = False
     t0 = time.perf_counter()
@@ -440,8 +497,16 @@ def run_step(case: Case, budget: int, policy: str, cost_limit: float | None = No
     except membudget.Thrashed:
         stopped = True
     wall = time.perf_counter() - t0
-    gc.collect()
+    collect()
     return session.stats, wall, failure, stopped
+
+
+def collect() -> None:
+    """Collect garbage until none is left: one pass can leave a finished session's engine
+    and its records alive (the wrappers' finalizers release them during that pass), and
+    ``breakdown`` would then count that engine's resident records too."""
+    while gc.collect():
+        pass
 
 
 def attempt(case: Case, policy: str, ratio: float, peak: int, base_wall: float,
@@ -515,6 +580,7 @@ class Result:
     """A model's measurements under every policy."""
 
     spec: ModelSpec
+    sizes: str
     param_bytes: int
     peak: int
     base_wall: float
@@ -539,7 +605,7 @@ def measure(spec: ModelSpec, quick: bool, policies: list[str],
         f"eager step {eager:.2f} s, unlimited session step {wall:.2f} s")
     searches = [bisect(case, p, stats.peak_bytes, wall, stats.op_seconds, log)
                 for p in policies]
-    return Result(spec, case.param_bytes, stats.peak_bytes, wall, eager, searches)
+    return Result(spec, case.sizes, case.param_bytes, stats.peak_bytes, wall, eager, searches)
 
 
 # ---------------------------------------------------------------------------- report
@@ -551,27 +617,37 @@ def top(c: Counter[str], n: int = 3) -> str:
     return ", ".join(f"{k} {v / MiB:.2f}" for k, v in c.most_common(n)) or "—"
 
 
+COLUMNS = ["model", "policy", "params MiB", "peak MiB", "smallest ratio", "overhead",
+           "failing op below", "pinned+locked MiB", "floor MiB", "excess MiB", "request MiB",
+           "op inputs MiB", "excess beyond op inputs MiB", "what is locked (MiB)",
+           "other pinned (MiB)"]
+TEXT_COLUMNS = {"model", "policy", "failing op below", "what is locked (MiB)",
+                "other pinned (MiB)"}
+
+
 def row(r: Result, s: Search) -> str:
     """One table row: a model under one policy."""
-    head = f"| {r.spec.name} | {s.policy} | {mib(r.param_bytes)} | {mib(r.peak)} | "
+    cells = [r.spec.name, s.policy, mib(r.param_bytes), mib(r.peak)]
+    blank = [""] * (len(COLUMNS) - 7)
     if s.smallest is None:
-        return head + "does not complete at 1.0 | | | | | | | | |"
-    a = s.smallest
-    cells = [f"{a.ratio:.2f}", f"{a.overhead:.2f}"]
-    b = s.below
+        cells += ["does not complete at 1.0", "", "", *blank]
+        return "| " + " | ".join(cells) + " |"
+    a, b = s.smallest, s.below
+    cells += [f"{a.ratio:.2f}", f"{a.overhead:.2f}"]
     f = b.failure if b is not None else None
     if b is None:
-        cells += ["— (lowest ratio tried)"] + [""] * 6
+        cells += ["— (the lowest ratio completes)", *blank]
     elif f is None:
-        cells += [f"{'thrashed' if b.thrashed else 'stopped'} at {b.ratio:.2f} "
-                  f"({b.wall:.1f} s)"] + [""] * 6
+        what = "thrashed" if b.thrashed else "stopped by remat_cost_limit"
+        cells += [f"{what} at {b.ratio:.2f} ({b.wall:.1f} s)", *blank]
     else:
-        frag = " (fragmentation)" if f.needed <= f.budget else ""
-        cells += [f"`{f.op}` ({f.phase}{', remat' if f.remat else ''}){frag}",
+        frag = (f"; fragmentation: largest free block {mib(f.largest_free)}"
+                if f.fragmented else "")
+        cells += [f"`{f.op}` ({f.phase}{', remat' if f.remat else ''}{frag})",
                   mib(f.resident), mib(f.floor), mib(f.excess), mib(f.request),
-                  "—" if f.op_inputs < 0 else mib(f.op_inputs),
-                  f"locked: {top(f.locked)}; other pinned: {top(f.other_pinned)}"]
-    return head + " | ".join(cells) + " |"
+                  "—" if f.op_inputs < 0 else mib(f.op_inputs), mib(f.beyond_inputs),
+                  top(f.locked), top(f.other_pinned)]
+    return "| " + " | ".join(cells) + " |"
 
 
 def detail(r: Result, s: Search) -> list[str]:
@@ -581,13 +657,51 @@ def detail(r: Result, s: Search) -> list[str]:
         return []
     f = b.failure
     parts = ", ".join(f"{k} {mib(v)}" for k, v in sorted(f.parts.items()))
+    inputs = ("not found" if f.op_inputs < 0 else
+              f"{mib(f.op_inputs)} MiB resident, {mib(f.op_inputs_locked)} MiB of them not "
+              "pinned")
+    frag = (f" The pool had {mib(f.budget - f.unevictable)} MiB free but its largest block "
+            f"was {mib(f.largest_free)} MiB." if f.fragmented else "")
     return [f"- **{r.spec.name} / {s.policy}** at {b.ratio:.2f} (budget {mib(f.budget)} MiB): "
             f"`{f.op}` in the {f.phase}{' (a recomputation)' if f.remat else ''} asked "
             f"{mib(f.request)} MiB with {mib(f.unevictable)} MiB unevictable (found resident: "
             f"{mib(f.resident)}); {parts}. Other pinned by op: {top(f.other_pinned, 5)}. "
-            f"Locked by op: {top(f.locked, 5)}. The op's inputs: "
-            f"{'not found' if f.op_inputs < 0 else mib(f.op_inputs) + ' MiB resident, '}"
-            f"{'' if f.op_inputs < 0 else mib(f.op_inputs_locked) + ' MiB of them not pinned'}."]
+            f"Locked by op: {top(f.locked, 5)}; the largest locked storages: "
+            f"{items(f.locked_items)}. The op's inputs: {inputs}.{frag}"]
+
+
+def items(pairs: list[tuple[int, str]], n: int = 6) -> str:
+    """The first ``n`` of (bytes, what) pairs, as "what MiB, ..."."""
+    text = ", ".join(f"{what} {mib(nbytes)}" for nbytes, what in pairs[:n]) or "—"
+    return text + (f" and {len(pairs) - n} more" if len(pairs) > n else "")
+
+
+def observations(results: list[Result]) -> list[str]:
+    """What the failures have in common, in words (from the breakdowns)."""
+    below = [(r, s, s.below.failure) for r in results for s in r.searches
+             if s.below is not None and s.below.failure is not None]
+    tight = [f"{r.spec.name}/{s.policy}" for r, s, f in below
+             if f.beyond_inputs < 0.1 * MiB and not f.fragmented]
+    wide = [(r, s, f) for r, s, f in below if f.beyond_inputs > f.request]
+    frag = [(r, s, f) for r, s, f in below if f.fragmented]
+    out = []
+    if tight:
+        out.append(f"- Tight ({len(tight)} of {len(below)}): the excess over the floor is the "
+                   "failing op's own inputs (pinned+locked = floor + its inputs, and it needs "
+                   "its request on top) and the pool is not fragmented: no policy can go lower "
+                   "at that op without splitting it. "
+                   + ", ".join(tight) + ".")
+    for r, s, f in wide:
+        out.append(f"- **{r.spec.name}/{s.policy}**: {mib(f.beyond_inputs)} MiB beyond floor "
+                   f"and op inputs, {f.beyond_inputs / f.request:.1f}× the request of "
+                   f"`{f.op}` ({mib(f.request)} MiB); locked then: {items(f.locked_items, 8)}.")
+    if frag:
+        out.append(f"- Fragmentation ({len(frag)} of {len(below)}; needed ≤ budget, no block "
+                   "large enough): " + "; ".join(
+                       f"{r.spec.name}/{s.policy} {mib(f.budget - f.unevictable)} MiB free, "
+                       f"largest block {mib(f.largest_free)} for {mib(f.request)}"
+                       for r, s, f in frag) + ".")
+    return out
 
 
 def keep_freed_memory() -> bool:
@@ -604,12 +718,15 @@ def keep_freed_memory() -> bool:
 
 
 def git_commit() -> str:
+    """The short commit of HEAD, and whether ``src/`` differs from it (others edit the tree)."""
+    where = Path(__file__).resolve().parent.parent
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, check=True, cwd=Path(__file__).parent)
-        return out.stdout.strip()
+                             text=True, check=True, cwd=where)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "src"], cwd=where)
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    return out.stdout.strip() + (" (src/ has uncommitted changes)" if dirty.returncode else "")
 
 
 def report(results: list[Result], quick: bool, seconds: float, command: str,
@@ -617,12 +734,19 @@ def report(results: list[Result], quick: bool, seconds: float, command: str,
     """The markdown report."""
     import transformers
 
-    seen = [s.below.failure.records_seen for r in results for s in r.searches
-            if s.below is not None and s.below.failure is not None]
+    failures = [a.failure for r in results for s in r.searches for a in s.attempts.values()
+                if a.failure is not None]
+    seen = all(f.records_seen for f in failures)
+    off = [f for f in failures if f.resident != f.unevictable]
+    check = ("n/a (no failure)" if not failures else
+             f"{'yes' if seen else 'NO'}; in {len(failures) - len(off)} of {len(failures)} "
+             "failures their resident bytes summed to the error's `unevictable_bytes` exactly"
+             + ("" if not off else " (off in: " + ", ".join(
+                 f"{f.op} {mib(f.resident)} vs {mib(f.unevictable)}" for f in off[:5]) + ")"))
     lines = [
         "# Live models: smallest completing budget and what fills memory at the failure", "",
         f"- date: {datetime.date.today().isoformat()}; torch {torch.__version__}, transformers "
-        f"{transformers.__version__}; {torch.get_num_threads()} threads; git commit "
+        f"{transformers.__version__}; {torch.get_num_threads()} intra-op thread(s); git commit "
         f"{git_commit()}; core {'compiled (mypyc)' if COMPILED else 'interpreted'}",
         f"- glibc malloc {'told to keep freed memory (mallopt)' if malloc_kept else 'as is'}; "
         "one intra-op thread by default (`--threads`): with two, the other jobs on this "
@@ -634,20 +758,23 @@ def report(results: list[Result], quick: bool, seconds: float, command: str,
         "[0.05, 1.0]; overhead = remat_seconds / op_seconds at the smallest completing ratio",
         "- the failure columns are at the grid point just below (smallest − 0.02): "
         "pinned+locked = bytes resident at the failure (all pinned or locked), floor = "
-        "parameters + gradients + optimizer state resident then, excess = the rest; "
-        "request = the failing op's `request_bytes`; inputs = resident bytes of its input "
-        "storages; locked/other pinned = top producing ops, MiB",
-        f"- resident storages found with gc.get_objects(): "
-        f"{'yes, every failure' if seen and all(seen) else 'no' if seen else 'n/a'}",
+        "parameters + gradients + optimizer state resident then (gradients only as far as "
+        "the backward had made them), excess = the rest; request = the failing op's "
+        "`request_bytes`; op inputs = resident bytes of its input storages; excess beyond "
+        "op inputs = excess − its non-pinned inputs; locked / other pinned = top producing "
+        "ops; \"remat\": the failing op was a recomputation; \"fragmentation\": the budget "
+        "had room for the request but no block that large (coop's two-sided pool)",
+        "- the engine prices an op by its first measured run in the process, so a policy's "
+        "choices, and the smallest ratio by a grid step or two, can differ between runs",
+        f"- the engine's compiled `Storage` records seen by gc.get_objects(): {check}",
         "",
-        "| model | policy | params MiB | peak MiB | smallest ratio | overhead | failing op below "
-        "| pinned+locked MiB | floor MiB | excess MiB | request MiB | op inputs MiB "
-        "| what is locked / other pinned (MiB) |",
-        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "|".join("---" if c in TEXT_COLUMNS else "---:" for c in COLUMNS) + "|",
     ]
     lines += [row(r, s) for r in results for s in r.searches]
+    lines += ["", "## Reading the table", "", *observations(results)]
     lines += ["", "## Models", ""]
-    lines += [f"- **{r.spec.name}**: {r.spec.what}; eager step {r.eager_wall:.2f} s, "
+    lines += [f"- **{r.spec.name}**: {r.spec.what}; {r.sizes}; eager step {r.eager_wall:.2f} s, "
               f"unlimited session step {r.base_wall:.2f} s" for r in results]
     lines += ["", "## Breakdowns at the failure", ""]
     lines += [x for r in results for s in r.searches for x in detail(r, s)]

@@ -7,6 +7,7 @@ from membudget.errors import (
     EngineError,
     MembudgetError,
     OutOfBudget,
+    RecomputationError,
     Thrashed,
     TraceError,
     UnknownNameError,
@@ -14,8 +15,9 @@ from membudget.errors import (
 
 __version__ = "0.1.0"
 
-__all__ = ["BudgetTooSmallError", "EngineError", "MembudgetError", "OutOfBudget", "Thrashed",
-           "TraceError", "UnknownNameError", "__version__", "budget"]
+__all__ = ["BudgetTooSmallError", "EngineError", "MembudgetError", "OutOfBudget",
+           "RecomputationError", "Thrashed", "TraceError", "UnknownNameError", "__version__",
+           "budget"]
 
 
 def __getattr__(name: str) -> Any:
