@@ -442,7 +442,7 @@ class TimedSession(Session):
     """A session that also times its work: entering, leaving, every op it dispatches, every
     wrapper it releases and every value it reads, and within that the freeing of tensors'
     memory (``executor.drop``, which eager pays too, when its own references go). That time
-    less the ops' own run time (``op_seconds``), recomputation and freeing is the runtime's
+    less the ops' own run time (``run_seconds``), recomputation and freeing is the runtime's
     own work, a figure the machine's drift disturbs far less than a difference of two step
     times."""
 
@@ -493,7 +493,7 @@ class TimedSession(Session):
 
     def own_seconds(self) -> float:
         st = self.stats
-        return (self.inside_ns - self.free_ns) / 1e9 - st.op_seconds - st.remat_seconds
+        return (self.inside_ns - self.free_ns) / 1e9 - st.run_seconds - st.remat_seconds
 
 
 def build_gpt2(quick: bool) -> tuple[torch.nn.Module, torch.Tensor, str]:
@@ -911,12 +911,13 @@ def main() -> None:
         "minor faults of a step. "
         "\"Runtime's own work\" is the time spent inside the "
         "session's dispatch, entering and leaving, less the ops' own run time, recomputation "
-        "(`op_seconds`, `remat_seconds`) and the freeing of tensors' memory (which eager "
+        "(`run_seconds`, measured; `remat_seconds`, at the engine's prices) and the freeing of "
+        "tensors' memory (which eager "
         "does too, when its references go): what the runtime itself adds to a step, a "
         "figure the drift disturbs far less (an estimate where the step recomputes). "
         "Evictions and remat ops show a range when the repetitions differ "
         "(dtr's heuristic reads measured op times). \"remat s (est.)\": recomputation time "
-        "estimated from the recomputed ops' first-run times.", "",
+        "at the engine's prices (each op's first measured run in the process).", "",
         *steps_markdown(runs.rows), "",
         "### One intra-op thread", "",
         f"The rows above that evicted nothing, again in {step_reps} rounds with "

@@ -321,3 +321,25 @@ def test_the_suggested_budget_is_accepted_as_printed():
             loss_fn(model).backward()
     except BudgetTooSmallError as later:
         assert later.needed_bytes > err.value.needed_bytes or later.op != err.value.op
+
+
+def test_autograd_history_outlives_the_session():
+    """A leaf made inside stays a leaf with its gradient; an output keeps its history, so
+    a backward pass after the session reaches the parameters (as eager would)."""
+    with membudget.budget("1 MiB"):
+        w = torch.zeros(3, requires_grad=True)
+        (w * 2.0).sum().backward()
+    assert type(w) is torch.Tensor and w.is_leaf and w.requires_grad
+    assert w.grad.tolist() == [2.0, 2.0, 2.0]
+
+    model, loss_fn = cnn()
+    ref_model = copy.deepcopy(model)
+    torch.manual_seed(1)
+    loss_fn(ref_model).backward()
+    with membudget.budget(10**9):
+        torch.manual_seed(1)
+        loss = loss_fn(model)
+    assert type(loss) is torch.Tensor and loss.grad_fn is not None
+    loss.backward()  # outside the session
+    for p, q in zip(model.parameters(), ref_model.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad)

@@ -56,7 +56,7 @@ class TorchExecutor(Executor):
     function predicts from the op, its arguments and result (a cost model of another
     device). ``check`` says what a recomputation is checked against (:data:`CHECKS`);
     ``unsized`` counts the ops that had to run before they could be sized (or were sized
-    wrongly)."""
+    wrongly), and ``run_ns`` is the measured time of the ops' first runs."""
 
     def __init__(self, cost: OpTimer | None = None, *, check: str = "default",
                  fake: bool = False) -> None:
@@ -68,6 +68,7 @@ class TorchExecutor(Executor):
         self.check = check
         self.layouts = FAKE if fake else REAL
         self.unsized = 0
+        self.run_ns = 0  # the measured time of the ops' first runs here
         # outputs of a first run that a meta kernel sized wrongly, with their real bytes: the
         # session has the engine resize them
         self.misfits: list[tuple[Tensor, int]] = []
@@ -129,6 +130,7 @@ class TorchExecutor(Executor):
         t0 = perf_counter_ns()
         out = call.func._op(*args, **kwargs)
         measured = float(perf_counter_ns() - t0)
+        self.run_ns += int(measured)
         flat, call.returned_kind = flatten_result(out)
         layout = observed(call, flat, real, measured)
         if self.cost is None:
@@ -194,6 +196,7 @@ class TorchExecutor(Executor):
             t0 = perf_counter_ns()
             out = op(*args, **kwargs)
         elapsed = perf_counter_ns() - t0
+        self.run_ns += elapsed
         layout: Layout = call.layout
         if type(out) is torch.Tensor:  # most ops
             call.returned_kind = None
@@ -287,7 +290,9 @@ class TorchExecutor(Executor):
                 t0 = perf_counter_ns()
                 out = call.func(*args, **kwargs)
                 if not remat:
-                    call.cost = (float(perf_counter_ns() - t0) if self.cost is None
+                    elapsed = perf_counter_ns() - t0
+                    self.run_ns += elapsed
+                    call.cost = (float(elapsed) if self.cost is None
                                  else self.cost(call.func, tuple(args), kwargs, out) * 1e9)
         flat = flatten_result(out)[0]
         return [flat[k] for k in call.outputs] + [ins[i] for i in mutated]

@@ -104,8 +104,11 @@ def _become_plain(w: RematTensor) -> None:
         plain = HandOff.apply(w)
     else:  # a leaf made inside the session: a leaf again, with its gradient
         plain = value.detach().requires_grad_(True)
-        if w.grad is not None:
-            plain.grad = value_of(w.grad)
+        g = w.grad
+        if type(g) is RematTensor and g._ref.value is not None:
+            plain.grad = g._ref.value
+        elif type(g) is torch.Tensor:
+            plain.grad = g
     _swap(w, plain)
 
 

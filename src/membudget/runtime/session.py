@@ -125,7 +125,8 @@ class Session(TorchDispatchMode, ContextDecorator):
     def _close(self) -> None:
         eng = self.engine
         assert eng is not None
-        self.stats = SessionStats.of(self.budget_bytes, eng, self.executor.unsized,
+        ex = self.executor
+        self.stats = SessionStats.of(self.budget_bytes, eng, ex.run_ns, ex.unsized,
                                      self._device.peak())
         self.leaves.close()
         self.engine = None
