@@ -2,7 +2,7 @@
 
 Every step runs inside a budget from DDP's first forward: its second forward rebuilds the
 gradient buckets inside a session (membudget.runtime.ddp), and its BatchNorm buffers are
-broadcast there (a collective: its outputs are pinned). Each rank's gradients under half its
+broadcast there (a collective: its outputs are pinned). Each rank's gradients under 0.6 of its
 unconstrained peak equal those of an unconstrained DDP step.
 """
 
@@ -51,7 +51,7 @@ def _worker(rank: int, world: int, port: int, results: dict) -> None:
         with membudget.budget(10**9, "dtr") as free:  # DDP's first forward and backward
             step(model, ddp)
         step(plain, plain_ddp)  # the same number of steps: the same BatchNorm statistics
-        budget = free.stats.peak_bytes // 2
+        budget = free.stats.peak_bytes * 3 // 5
         equal, evictions, within = [], [], []
         for _ in range(2):  # the first one rebuilds the buckets
             ref = step(plain, plain_ddp)

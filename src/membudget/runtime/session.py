@@ -2,7 +2,8 @@
 
 Inside the context a dispatch mode sees every aten op, forward and backward, of its thread.
 Plain tensors that reach an op enter the engine as pinned leaves (``runtime.leaves``); every
-op output becomes a :class:`RematTensor` whose data the engine may evict and recompute. The
+op output becomes a :class:`RematTensor` whose data the engine may evict and recompute, except
+what the backward pass makes, which it pins (``runtime.gradients``). The
 engine learns what a new op will make before it runs (``runtime.sizing``), makes room for it
 within the budget, then runs it; ops that write their arguments are versions or pinned writes
 (``runtime.writes``). When the session ends, what the program still holds is handed back as
@@ -39,6 +40,7 @@ from membudget.runtime.classify import INFO, op_info
 from membudget.runtime.device_memory import DeviceMeter
 from membudget.runtime.executor import CHECKS, TorchExecutor
 from membudget.runtime.flat import NO_KWARGS, SCALARS, flatten
+from membudget.runtime.gradients import in_backward, pin_made
 from membudget.runtime.handout import hand_out
 from membudget.runtime.leaves import Leaves
 from membudget.runtime.recording import NotRecording, Recording
@@ -246,6 +248,8 @@ class Session(TorchDispatchMode, ContextDecorator):
             rec = self.recording
             if rec.active:  # (the hot path skips the calls a NotRecording would drop)
                 rec.call(call, inputs, handles, call.cost)
+            if in_backward():
+                pin_made(self, handles)
             if call.returned_kind is not None or not handles:
                 return self.returned(call, handles)
             # returned() for the commonest result, one tensor
