@@ -80,6 +80,7 @@ GRID = [k / 100 for k in range(5, 100, 2)] + [1.0]  # 0.05, 0.07, ... 0.99, 1.0
 THRASH_WALL = 20.0  # an attempt slower than this × the unlimited step counts as thrashed
 THRASH_COST = 50.0  # the engine stops one whose recomputation costs this × the step's ops
 LOSS = Callable[[nn.Module], torch.Tensor]
+FLOOR = ("params", "grads", "opt state")  # what the program holds through the whole step
 
 
 # ---------------------------------------------------------------------------- models
@@ -338,11 +339,11 @@ class Failure:
     locked: Counter[str] = field(default_factory=Counter)
     locked_items: list[tuple[int, str]] = field(default_factory=list)  # (bytes, op and shape)
     op_inputs: int = -1  # resident bytes of the failing op's input storages (-1: not found)
-    op_inputs_locked: int = -1  # of which not pinned
+    op_inputs_extra: int = -1  # of which outside the floor (not params, grads, opt state)
 
     @property
     def floor(self) -> int:
-        return sum(self.parts.get(k, 0) for k in ("params", "grads", "opt state"))
+        return sum(self.parts.get(k, 0) for k in FLOOR)
 
     @property
     def pinned_locked(self) -> int:
@@ -354,8 +355,8 @@ class Failure:
 
     @property
     def beyond_inputs(self) -> int:
-        """The excess that is not the failing op's own (non-pinned) inputs."""
-        return self.excess - max(self.op_inputs_locked, 0)
+        """The excess that is not the failing op's own inputs (those outside the floor)."""
+        return self.excess - max(self.op_inputs_extra, 0)
 
     @property
     def fragmented(self) -> bool:
@@ -454,7 +455,7 @@ def breakdown(session: Session, case: Case, e: membudget.BudgetTooSmallError) ->
         f.remat = any(t.storage.evicted for t in path.outputs or ())
         ins = {t.storage for t in path.inputs if t.storage.resident}
         f.op_inputs = sum(s.nbytes for s in ins)
-        f.op_inputs_locked = sum(s.nbytes for s in ins if not s.pinned)
+        f.op_inputs_extra = sum(s.nbytes for s in ins if kind.get(s) not in FLOOR)
     return f
 
 
@@ -658,8 +659,8 @@ def detail(r: Result, s: Search) -> list[str]:
     f = b.failure
     parts = ", ".join(f"{k} {mib(v)}" for k, v in sorted(f.parts.items()))
     inputs = ("not found" if f.op_inputs < 0 else
-              f"{mib(f.op_inputs)} MiB resident, {mib(f.op_inputs_locked)} MiB of them not "
-              "pinned")
+              f"{mib(f.op_inputs)} MiB resident, {mib(f.op_inputs_extra)} MiB of them outside "
+              "the floor")
     frag = (f" The pool had {mib(f.budget - f.unevictable)} MiB free but its largest block "
             f"was {mib(f.largest_free)} MiB." if f.fragmented else "")
     return [f"- **{r.spec.name} / {s.policy}** at {b.ratio:.2f} (budget {mib(f.budget)} MiB): "
@@ -742,7 +743,10 @@ def report(results: list[Result], quick: bool, seconds: float, command: str,
              f"{'yes' if seen else 'NO'}; in {len(failures) - len(off)} of {len(failures)} "
              "failures their resident bytes summed to the error's `unevictable_bytes` exactly"
              + ("" if not off else " (off in: " + ", ".join(
-                 f"{f.op} {mib(f.resident)} vs {mib(f.unevictable)}" for f in off[:5]) + ")"))
+                 f"{f.op} {mib(f.resident)} vs {mib(f.unevictable)}" for f in off[:5]) + ")")
+            + ("" if not off or not all(f.remat for f in off) else
+               "; each of those was a recomputation of an op with an output still resident, "
+               "for which the engine holds a temporary duplicate, freed as the error unwinds"))
     lines = [
         "# Live models: smallest completing budget and what fills memory at the failure", "",
         f"- date: {datetime.date.today().isoformat()}; torch {torch.__version__}, transformers "
@@ -761,7 +765,7 @@ def report(results: list[Result], quick: bool, seconds: float, command: str,
         "parameters + gradients + optimizer state resident then (gradients only as far as "
         "the backward had made them), excess = the rest; request = the failing op's "
         "`request_bytes`; op inputs = resident bytes of its input storages; excess beyond "
-        "op inputs = excess − its non-pinned inputs; locked / other pinned = top producing "
+        "op inputs = excess − its inputs outside the floor; locked / other pinned = top producing "
         "ops; \"remat\": the failing op was a recomputation; \"fragmentation\": the budget "
         "had room for the request but no block that large (coop's two-sided pool)",
         "- the engine prices an op by its first measured run in the process, so a policy's "
