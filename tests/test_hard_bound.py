@@ -185,13 +185,14 @@ def test_a_meta_kernel_that_sizes_wrongly_is_corrected_after_the_op():
 def test_lstm_without_onednn_writes_its_gates_as_versions():
     """PyTorch's LSTM cell without oneDNN writes the four gates in place through sibling
     views (unsafe_chunk, then sigmoid_/tanh_): those writes are versions, recomputable, not
-    pinned, so this model trains at 0.65 of its peak (pinned, it could not go below 0.8)."""
-    model, loss_fn = lstm(vocab=10, hidden=32, layers=4, batch=8, steps=24)
+    pinned, so this six-layer model trains below half its peak (pinned, a four-layer one
+    could not go below 0.8)."""
+    model, loss_fn = lstm(vocab=10, hidden=32, layers=6, batch=8, steps=64)
     with torch.backends.mkldnn.flags(enabled=False):
         ref_loss, ref_grads = step(model, loss_fn)
         with membudget.budget(10**10) as free:
             step(model, loss_fn)
-        budget = int(free.stats.peak_bytes * 0.65)
+        budget = int(free.stats.peak_bytes * 0.45)
         with StorageMeter() as meter, membudget.budget(budget) as session:
             loss, grads = step(model, loss_fn)
     assert meter.peak_bytes <= budget and session.stats.evictions > 0
