@@ -442,9 +442,9 @@ class TimedSession(Session):
     """A session that also times its work: entering, leaving, every op it dispatches, every
     wrapper it releases and every value it reads, and within that the freeing of tensors'
     memory (``executor.drop``, which eager pays too, when its own references go). That time
-    less the ops' own run time (``run_seconds``), recomputation and freeing is the runtime's
-    own work, a figure the machine's drift disturbs far less than a difference of two step
-    times."""
+    less the ops' own run time (``run_seconds``), recomputation (``remat_run_seconds``) and
+    freeing is the runtime's own work, a figure the machine's drift disturbs far less than a
+    difference of two step times."""
 
     def __init__(self, budget: int, policy: str) -> None:
         super().__init__(budget, policy)
@@ -493,7 +493,7 @@ class TimedSession(Session):
 
     def own_seconds(self) -> float:
         st = self.stats
-        return (self.inside_ns - self.free_ns) / 1e9 - st.run_seconds - st.remat_seconds
+        return (self.inside_ns - self.free_ns) / 1e9 - st.run_seconds - st.remat_run_seconds
 
 
 def build_gpt2(quick: bool) -> tuple[torch.nn.Module, torch.Tensor, str]:
@@ -782,7 +782,7 @@ def steps_markdown(rows: Sequence[StepRow]) -> list[str]:
     lines = ["| policy | budget | budget MB | step s (median) | vs eager, paired: median "
              "[interval] | fastest vs fastest partner | CPU vs eager, paired | page faults "
              "(median) | runtime's own work ms (of eager step) | evictions | remat ops | "
-             "remat s (est.) | peak MB | policy search p50 µs | loss = eager | grads = eager |",
+             "remat s | peak MB | policy search p50 µs | loss = eager | grads = eager |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
 
     def yes(xs: Sequence[bool]) -> str:
@@ -817,7 +817,7 @@ def steps_markdown(rows: Sequence[StepRow]) -> list[str]:
             f"{median([s.faults for s in r.steps]):,.0f} | "
             f"{own * 1e3:.0f} ({own / eager:.1%}) | "
             f"{span([s.evictions for s in st])} | {span([s.remat_ops for s in st])} | "
-            f"{median([s.remat_seconds for s in st]):.3f} | "
+            f"{median([s.remat_run_seconds for s in st]):.3f} | "
             f"{mb(median([s.peak_bytes for s in st]))} | "
             f"{median([s.search_us.get('p50', 0.0) for s in st]):.1f} | "
             f"{yes(r.loss_equal)} | {yes(r.grads_equal)} |")
@@ -911,13 +911,13 @@ def main() -> None:
         "minor faults of a step. "
         "\"Runtime's own work\" is the time spent inside the "
         "session's dispatch, entering and leaving, less the ops' own run time, recomputation "
-        "(`run_seconds`, measured; `remat_seconds`, at the engine's prices) and the freeing of "
-        "tensors' memory (which eager "
+        "(`run_seconds`, `remat_run_seconds`, both measured around the ops) and the freeing "
+        "of tensors' memory (which eager "
         "does too, when its references go): what the runtime itself adds to a step, a "
-        "figure the drift disturbs far less (an estimate where the step recomputes). "
+        "figure the drift disturbs far less. "
         "Evictions and remat ops show a range when the repetitions differ "
-        "(dtr's heuristic reads measured op times). \"remat s (est.)\": recomputation time "
-        "at the engine's prices (each op's first measured run in the process).", "",
+        "(dtr's heuristic reads measured op times). \"remat s\": the recomputations' measured "
+        "time.", "",
         *steps_markdown(runs.rows), "",
         "### One intra-op thread", "",
         f"The rows above that evicted nothing, again in {step_reps} rounds with "

@@ -56,7 +56,8 @@ class TorchExecutor(Executor):
     function predicts from the op, its arguments and result (a cost model of another
     device). ``check`` says what a recomputation is checked against (:data:`CHECKS`);
     ``unsized`` counts the ops that had to run before they could be sized (or were sized
-    wrongly), and ``run_ns`` is the measured time of the ops' first runs."""
+    wrongly); ``run_ns`` and ``remat_ns`` are the measured times of the ops' first runs
+    and of their recomputations."""
 
     def __init__(self, cost: OpTimer | None = None, *, check: str = "default",
                  fake: bool = False) -> None:
@@ -69,6 +70,7 @@ class TorchExecutor(Executor):
         self.layouts = FAKE if fake else REAL
         self.unsized = 0
         self.run_ns = 0  # the measured time of the ops' first runs here
+        self.remat_ns = 0  # and of their recomputations
         # outputs of a first run that a meta kernel sized wrongly, with their real bytes: the
         # session has the engine resize them
         self.misfits: list[tuple[Tensor, int]] = []
@@ -150,7 +152,9 @@ class TorchExecutor(Executor):
         call: OpCall = path.op
         outputs = path.outputs
         if remat:
+            t0 = perf_counter_ns()
             results = self._rerun(path, call, remat)
+            self.remat_ns += perf_counter_ns() - t0
             if self.check != "none":
                 self._check(path, call, results)
         else:

@@ -128,7 +128,7 @@ class Session(TorchDispatchMode, ContextDecorator):
         eng = self.engine
         assert eng is not None
         ex = self.executor
-        self.stats = SessionStats.of(self.budget_bytes, eng, ex.run_ns, ex.unsized,
+        self.stats = SessionStats.of(self.budget_bytes, eng, ex.run_ns, ex.remat_ns, ex.unsized,
                                      self._device.peak())
         self.leaves.close()
         self.engine = None

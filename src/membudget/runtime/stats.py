@@ -14,10 +14,12 @@ class SessionStats:
     ``remat_seconds`` what recomputing cost, as the engine priced them before running them
     (the first measured run of the same op on the same input shapes in this process, or for
     one never run before a cost-model estimate; or the session's ``cost`` function).
-    ``run_seconds`` is the measured time of the program's ops as they ran in this session
-    (recomputations left out). ``unsized_ops`` counts the ops whose outputs could not be
-    sized before they ran (their output shapes depend on the data, or a meta kernel sized
-    them wrongly): only those outputs were ever held beside the budget, for a moment.
+    ``run_seconds`` is the measured time of the program's ops as they ran in this session,
+    ``remat_run_seconds`` that of their recomputations (the engine's prices of the same ops
+    can differ: a first run pays for cold caches and fresh pages). ``unsized_ops`` counts
+    the ops whose outputs could not be sized before they ran (their output shapes depend on
+    the data, or a meta kernel sized them wrongly): only those outputs were ever held beside
+    the budget, for a moment.
     ``peak_bytes`` is the most the engine held within the budget; what the program still
     held when the session ended was then handed to it, within the budget where it could
     hold them all at once, else with the budget raised by ``beyond_budget_bytes``
@@ -32,6 +34,7 @@ class SessionStats:
     remat_seconds: float = 0.0
     op_seconds: float = 0.0
     run_seconds: float = 0.0
+    remat_run_seconds: float = 0.0
     unsized_ops: int = 0
     beyond_budget_bytes: int = 0
     search_us: dict[str, float] = field(default_factory=dict)
@@ -41,13 +44,13 @@ class SessionStats:
     device_peak_bytes: int | None = None
 
     @classmethod
-    def of(cls, budget_bytes: int, engine: Engine, run_ns: int, unsized_ops: int,
-           device_peak_bytes: int | None) -> SessionStats:
+    def of(cls, budget_bytes: int, engine: Engine, run_ns: int, remat_ns: int,
+           unsized_ops: int, device_peak_bytes: int | None) -> SessionStats:
         """The stats of a session that ran ``engine``."""
         st = engine.stats
         alloc = engine.allocator
         beyond = max(0, alloc.high - budget_bytes) if isinstance(alloc, LiftedAllocator) else 0
         return cls(budget_bytes, engine.peak_bytes, st.evictions, st.eager_evictions, st.remat_ops,
-                   st.ops, st.remat_cost / 1e9, st.base_cost / 1e9, run_ns / 1e9, unsized_ops,
-                   beyond,
+                   st.ops, st.remat_cost / 1e9, st.base_cost / 1e9, run_ns / 1e9, remat_ns / 1e9,
+                   unsized_ops, beyond,
                    st.search_us(), st.fragmentation_summary(), device_peak_bytes)
