@@ -22,6 +22,7 @@ from torch import nn
 
 import membudget
 from membudget import BudgetTooSmallError, MembudgetError
+from membudget.bench.meter import StorageMeter
 from membudget.runtime.tensor import RematTensor
 
 
@@ -321,6 +322,32 @@ def test_the_suggested_budget_is_accepted_as_printed():
             loss_fn(model).backward()
     except BudgetTooSmallError as later:
         assert later.needed_bytes > err.value.needed_bytes or later.op != err.value.op
+
+
+def test_torch_save_of_evicted_values_never_fails_half_written(tmp_path):
+    """torch.save holds every storage it saves until it writes the file: inside a session
+    each value is materialized and pinned as it is pickled, so the engine counts what the
+    save holds, and where the budget cannot hold them all it is raised (and says by how
+    much) rather than failing with the file half-written."""
+    torch.manual_seed(0)
+    x = torch.randn(512, 256)
+
+    def chain():  # twelve 512 KiB activations, all held (elementwise: bitwise repeatable)
+        acts = [x]
+        for _ in range(12):
+            acts.append(torch.tanh(acts[-1] * 1.5 + 0.25))
+        return acts[1:]
+
+    ref = chain()
+    budget = 7 * 2**19  # x, five activations and room for an op
+    with StorageMeter() as meter, membudget.budget(budget) as session:
+        acts = chain()
+        torch.save({"acts": acts}, tmp_path / "acts.pt")
+        del acts  # (nothing left to hand out: what is raised, the save raised)
+    assert session.stats.evictions > 0 and session.stats.beyond_budget_bytes > 0
+    assert meter.peak_bytes <= budget + session.stats.beyond_budget_bytes
+    saved = torch.load(tmp_path / "acts.pt")["acts"]
+    assert all(torch.equal(a, b) for a, b in zip(saved, ref, strict=True))
 
 
 def test_autograd_history_outlives_the_session():

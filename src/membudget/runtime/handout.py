@@ -54,7 +54,7 @@ def hand_out(session: Session, failed: bool) -> None:
     wanted.sort(key=lambda hw: not hw[0].defined)  # the resident ones cost no recomputation
     for h, w in wanted:
         try:
-            w._ref.value = _kept(session, h)
+            w._ref.value = kept(session, h)
         except MembudgetError:
             if not failed:
                 raise
@@ -73,9 +73,9 @@ def hand_out(session: Session, failed: bool) -> None:
             _become_plain(w)
 
 
-def _kept(session: Session, h: Tensor) -> torch.Tensor:
+def kept(session: Session, h: Tensor) -> torch.Tensor:
     """The value of ``h``, materialized and pinned; the budget is raised to what that needs
-    if it cannot hold it beside the values handed out before."""
+    if it cannot hold it beside the values pinned before (handed out, or saved)."""
     eng = session.engine
     assert eng is not None
 

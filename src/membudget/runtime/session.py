@@ -41,7 +41,7 @@ from membudget.runtime.device_memory import DeviceMeter
 from membudget.runtime.executor import CHECKS, TorchExecutor
 from membudget.runtime.flat import NO_KWARGS, SCALARS, flatten
 from membudget.runtime.gradients import in_backward, pin_made
-from membudget.runtime.handout import hand_out
+from membudget.runtime.handout import hand_out, kept
 from membudget.runtime.leaves import Leaves
 from membudget.runtime.recording import NotRecording, Recording
 from membudget.runtime.references import References
@@ -183,6 +183,15 @@ class Session(TorchDispatchMode, ContextDecorator):
 
         with _below(self):  # recomputations run the real ops, not this mode
             return self.guarded(get)
+
+    def keep(self, handle: Tensor) -> torch.Tensor:
+        """The value of ``handle`` for a reader outside the engine that holds on to it
+        (pickling: ``torch.save`` holds every storage it saves until it writes the file):
+        materialized and pinned, so the engine counts what the reader holds, with the budget
+        raised only if it cannot (``stats.beyond_budget_bytes``), so that a save never fails
+        half-written."""
+        with _below(self):
+            return kept(self, handle)
 
     def evict(self, t: RematTensor) -> bool:
         """Drop the data of ``t`` now, as the policy would (False if it cannot be evicted)."""

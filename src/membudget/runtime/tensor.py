@@ -85,7 +85,12 @@ class RematTensor(torch.Tensor):
         return text
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        """Pickled (``torch.save`` too) as a plain tensor holding the value."""
+        """Pickled (``torch.save`` too) as a plain tensor holding the value; inside its
+        session, the value is kept pinned first (``Session.keep``)."""
+        ref = self._ref
+        if ref.session is not None and ref.session.engine is not None \
+                and ref.handle is not None and ref.value is None:
+            ref.session.keep(ref.handle)
         with _disable_current_modes():
             plain = value_of(self).detach()
             if self.requires_grad:
