@@ -61,12 +61,9 @@ class TorchExecutor(Executor):
 
     def __init__(self, cost: OpTimer | None = None, *, check: str = "default",
                  fake: bool = False) -> None:
-        if check not in CHECKS:
-            raise MembudgetError(f"unknown determinism_check {check!r}; known: "
-                                 f"{', '.join(CHECKS)}")
+        self.check = check_name(check)
         self.values: dict[int, torch.Tensor] = {}
         self.cost = cost
-        self.check = check
         self.layouts = FAKE if fake else REAL
         self.unsized = 0
         self.run_ns = 0  # the measured time of the ops' first runs here
@@ -308,6 +305,13 @@ class TorchExecutor(Executor):
 
     def value(self, tensor: Tensor) -> torch.Tensor:
         return self.values[tensor.id]
+
+
+def check_name(check: str) -> str:
+    """``check`` if it names a check of :data:`CHECKS`; else a clear error."""
+    if check not in CHECKS:
+        raise MembudgetError(f"unknown determinism_check {check!r}; known: {', '.join(CHECKS)}")
+    return check
 
 
 def copy_of(v: torch.Tensor) -> torch.Tensor:

@@ -35,10 +35,6 @@ def in_backward() -> bool:
 def pin_made(session: Session, handles: Sequence[Tensor]) -> None:
     """Pin the new storages among ``handles``, outputs of an op of the backward pass (a view
     shares its base's storage, which is pinned already or is a forward value)."""
-    eng = session.engine
-    assert eng is not None
-    rec = session.recording
     for h in handles:
         if not h.alias and not h.storage.pinned and h.storage.nbytes:
-            rec.pin(h)
-            eng.pin(h)
+            session.pin(h)

@@ -78,14 +78,9 @@ def kept(session: Session, h: Tensor) -> torch.Tensor:
     if it cannot hold it beside the values pinned before (handed out, or saved)."""
     eng = session.engine
     assert eng is not None
-
-    def pin() -> None:
-        session.recording.pin(h)
-        eng.pin(h)
-
     while True:
         try:
-            session.guarded(pin)
+            session.guarded(lambda: session.pin(h))
             return session.read(h)
         except BudgetTooSmallError as e:
             capacity = eng.budget

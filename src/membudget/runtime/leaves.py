@@ -23,15 +23,12 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from membudget.core.records import Tensor
 from membudget.errors import OutOfBudget
-from membudget.runtime.call import OpCall, slot
-from membudget.runtime.flat import flatten
 from membudget.runtime.sizing import meta_of
 from membudget.runtime.tensor import RematTensor
 
 if TYPE_CHECKING:
     from membudget.runtime.session import Session
 
-aten = torch.ops.aten
 
 
 class Leaves:
@@ -77,12 +74,7 @@ class Leaves:
             if x.requires_grad and x.is_leaf:
                 self._grad_hooks.append(x.register_post_accumulate_grad_hook(self._pin_grad))
         else:
-            leaves, spec = flatten((slot(0), list(x.size()), list(x.stride()),
-                                    x.storage_offset()), {})
-            call = OpCall(aten.as_strided.default, leaves, spec)
-            (h,) = eng.apply(call, [base], None)
-            call.returned = None
-            rec.call(call, [base], [h], call.cost)
+            h = session.strided_view(base, x.size(), x.stride(), x.storage_offset())
         self.by_view[key] = (x, h)
         return h
 
@@ -95,11 +87,7 @@ class Leaves:
             return
         h = g._ref.handle
         if h is not None and not h.storage.pinned:
-            def pin() -> None:
-                session.recording.pin(h)
-                eng.pin(h)
-
-            session.guarded(pin)
+            session.guarded(lambda: session.pin(h))
 
     def adopt(self, tensors: Iterable[Any]) -> None:
         """Count these plain tensors toward the budget from now on, as pinned leaves."""

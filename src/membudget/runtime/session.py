@@ -38,7 +38,7 @@ from membudget.runtime import ddp
 from membudget.runtime.call import SLOTS, OpCall, OpTimer, slot
 from membudget.runtime.classify import INFO, op_info
 from membudget.runtime.device_memory import DeviceMeter
-from membudget.runtime.executor import CHECKS, TorchExecutor
+from membudget.runtime.executor import TorchExecutor, check_name
 from membudget.runtime.flat import NO_KWARGS, SCALARS, flatten
 from membudget.runtime.gradients import in_backward, pin_made
 from membudget.runtime.handout import hand_out, kept
@@ -66,9 +66,7 @@ class Session(TorchDispatchMode, ContextDecorator):
         self.budget_bytes = parse_bytes(budget) if isinstance(budget, str) else int(budget)
         if self.budget_bytes <= 0:
             raise MembudgetError(f"a budget must be > 0 bytes, got {budget!r}")
-        if determinism_check not in CHECKS:
-            raise MembudgetError(f"unknown determinism_check {determinism_check!r}; known: "
-                                 f"{', '.join(CHECKS)}")
+        check_name(determinism_check)  # refused here, before the session is entered
         self.policy, self.allocator, self.inplace = policy, allocator, inplace
         self.record = record
         self.cost = cost
@@ -202,6 +200,22 @@ class Session(TorchDispatchMode, ContextDecorator):
     def release(self, handle: Tensor) -> None:
         """A wrapper died: drop its reference (after the current op)."""
         self.refs.release(handle)
+
+    def pin(self, handle: Tensor, overwrite: bool = False) -> None:
+        """Pin ``handle`` (``Engine.pin``), in the recording too (engine work: run it
+        guarded, or from within an op)."""
+        self.recording.pin(handle, overwrite)
+        self.engine.pin(handle, overwrite)  # type: ignore[union-attr]
+
+    def strided_view(self, base: Tensor, shape: Any, stride: Any, offset: int) -> Tensor:
+        """A view of the engine tensor ``base`` by ``as_strided``, applied and recorded like
+        any op (another view of a leaf's storage; a view taken again of a new version)."""
+        leaves, spec = flatten((slot(0), list(shape), list(stride), offset), {})
+        call = OpCall(torch.ops.aten.as_strided.default, leaves, spec)
+        (h,) = self.engine.apply(call, [base], None)  # type: ignore[union-attr]
+        call.returned = None
+        self.recording.call(call, [base], [h], call.cost)
+        return h
 
     def guarded(self, fn: Callable[[], Any]) -> Any:
         """Run engine work; an allocation that cannot fit becomes BudgetTooSmallError."""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from membudget.core.records import Tensor
-from membudget.runtime.call import OpCall, Slot, slot
+from membudget.runtime.call import OpCall, Slot
 from membudget.runtime.classify import OpInfo
 from membudget.runtime.flat import flatten
 from membudget.runtime.tensor import RematTensor
@@ -30,7 +30,6 @@ from membudget.runtime.tensor import RematTensor
 if TYPE_CHECKING:
     from membudget.runtime.session import Session
 
-aten = torch.ops.aten
 
 
 def write(session: Session, call: OpCall, info: OpInfo, inputs: list[Tensor], args: tuple,
@@ -71,8 +70,7 @@ def write(session: Session, call: OpCall, info: OpInfo, inputs: list[Tensor], ar
             _rebind(session, o, version_of[o.storage])
         return _written_result(func, [objects[i] for i in mutated])
     for i in mutated:
-        rec.pin(inputs[i], overwrite=True)
-        eng.pin(inputs[i], overwrite=True)
+        session.pin(inputs[i], overwrite=True)
     side_effects = info.side_effects_only(args, kwargs)
     if side_effects:
         call.rerun_leaves = [None if type(x) is Slot and x.index in mutated else x
@@ -83,8 +81,7 @@ def write(session: Session, call: OpCall, info: OpInfo, inputs: list[Tensor], ar
     rec.call(call, inputs, handles, call.cost)
     if not side_effects:
         for h in handles:
-            rec.pin(h)
-            eng.pin(h)
+            session.pin(h)
     return session.returned(call, handles)
 
 
@@ -119,14 +116,7 @@ def _rebind(session: Session, old: Tensor, version: Tensor) -> None:
     """The wrapper of ``old``, a view of a storage just written (its reference released
     before the write), becomes the same view of its new ``version``."""
     shape, stride, offset, _, _ = old.meta  # type: ignore[misc]
-    leaves, spec = flatten((slot(0), list(shape), list(stride), offset), {})
-    call = OpCall(aten.as_strided.default, leaves, spec)
-    eng = session.engine
-    assert eng is not None
-    (h,) = eng.apply(call, [version], None)
-    call.returned = None
-    session.recording.call(call, [version], [h], call.cost)
-    session.refs.rebind(old, h)
+    session.refs.rebind(old, session.strided_view(version, shape, stride, offset))
 
 
 def _returns_only_written(func: Any) -> bool:
