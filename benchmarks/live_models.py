@@ -47,12 +47,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import ctypes
-import ctypes.util
 import datetime
 import gc
 import os
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -68,6 +65,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import membudget
+from membudget.bench.malloc import keep_freed_memory
+from membudget.bench.report import git_state
 from membudget.core import COMPILED
 from membudget.core.records import ComputePath, Storage
 from membudget.runtime.session import Session, SessionStats
@@ -705,31 +704,6 @@ def observations(results: list[Result]) -> list[str]:
     return out
 
 
-def keep_freed_memory() -> bool:
-    """Make glibc keep freed memory (no mmap for large blocks, no trimming), as
-    ``live_overhead.py`` does: otherwise every step faults its large tensors in afresh, and
-    that kernel time swings with the machine's load. True if ``mallopt`` took it."""
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name).mallopt if name else None
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_max = -1, -4  # from glibc's malloc.h
-    return bool(mallopt and mallopt(m_mmap_max, 0) and mallopt(m_trim_threshold, 2**31 - 1))
-
-
-def git_commit() -> str:
-    """The short commit of HEAD, and whether ``src/`` differs from it (others edit the tree)."""
-    where = Path(__file__).resolve().parent.parent
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, check=True, cwd=where)
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "src"], cwd=where)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return out.stdout.strip() + (" (src/ has uncommitted changes)" if dirty.returncode else "")
-
-
 def report(results: list[Result], quick: bool, seconds: float, command: str,
            malloc_kept: bool) -> str:
     """The markdown report."""
@@ -750,8 +724,9 @@ def report(results: list[Result], quick: bool, seconds: float, command: str,
     lines = [
         "# Live models: smallest completing budget and what fills memory at the failure", "",
         f"- date: {datetime.date.today().isoformat()}; torch {torch.__version__}, transformers "
-        f"{transformers.__version__}; {torch.get_num_threads()} intra-op thread(s); git commit "
-        f"{git_commit()}; core {'compiled (mypyc)' if COMPILED else 'interpreted'}",
+        f"{transformers.__version__}; {torch.get_num_threads()} intra-op thread(s); "
+        f"{git_state(Path(__file__).resolve().parent.parent)}; "
+        f"core {'compiled (mypyc)' if COMPILED else 'interpreted'}",
         f"- glibc malloc {'told to keep freed memory (mallopt)' if malloc_kept else 'as is'}; "
         "one intra-op thread by default (`--threads`): with two, the other jobs on this "
         "shared 2-core machine made steps swing by up to 30×",

@@ -43,8 +43,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import ctypes
-import ctypes.util
 import datetime
 import gc
 import math
@@ -67,6 +65,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import membudget
 from membudget import BudgetTooSmallError
+from membudget.bench.malloc import keep_freed_memory
 from membudget.bench.report import git_state
 from membudget.core import COMPILED
 from membudget.core.policies import POLICIES
@@ -405,16 +404,9 @@ def step_since(start: tuple[float, float, int], own: float = 0.0) -> Step:
     return Step(wall - start[0], cpu - start[1], faults - start[2], own)
 
 
-def keep_freed_memory() -> str:
-    """Make glibc keep freed memory in the process (no mmap for large blocks, no trimming),
-    as a device's caching allocator does; return what the report should say (and why)."""
-    libc_name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(libc_name).mallopt if libc_name else None
-    except (OSError, AttributeError):
-        mallopt = None
-    m_trim_threshold, m_mmap_max = -1, -4  # from glibc's malloc.h
-    if mallopt is None or not (mallopt(m_mmap_max, 0) and mallopt(m_trim_threshold, 2**31 - 1)):
+def malloc_setting() -> str:
+    """Make glibc keep freed memory in the process; return what the report should say."""
+    if not keep_freed_memory():
         return MALLOC_AS_IS + " (`mallopt` was not available)"
     return ("glibc's malloc told to keep freed memory (`mallopt(M_MMAP_MAX, 0)`, "
             "`mallopt(M_TRIM_THRESHOLD, 2^31 - 1)`) as a device's caching allocator does, "
@@ -862,7 +854,7 @@ def main() -> None:
     empty = {p: empty_session_us(p, op_reps) for p in policies}
     t_ops = time.perf_counter() - t_start
     counted = instructions_markdown(policies) if args.instructions else []
-    malloc = MALLOC_AS_IS if args.system_malloc else keep_freed_memory()
+    malloc = MALLOC_AS_IS if args.system_malloc else malloc_setting()
     runs = measure_gpt2(policies, args.quick, step_reps, not args.no_scan)
     peak, scans = runs.peak, runs.scans
     wall = time.perf_counter() - t_start
