@@ -12,15 +12,12 @@ from hypothesis import strategies as st
 
 from membudget.errors import MembudgetError, TraceError, UnknownNameError
 from membudget.plan.minimalloc_csv import read_csv, write_csv
-from membudget.plan.pack import (
-    CP_SAT_MAX_BUFFERS,
-    SOLVERS,
-    _CanonicalSearch,
-    _CpSat,
-    _Instance,
-    pack,
-    pack_file,
-)
+from membudget.plan.pack import EXACT_MAX_BUFFERS, SOLVERS, pack, pack_file
+from membudget.plan.packing.canonical import CanonicalSearch, Options
+from membudget.plan.packing.cp_sat import CpSat
+from membudget.plan.packing.greedy import PORTFOLIO
+from membudget.plan.packing.instance import Instance
+from membudget.plan.packing.perfect import perfect_problem
 from membudget.plan.problem import Buffer, PlanError, Problem
 from membudget.plan.validate import PackingError, validate
 
@@ -128,7 +125,8 @@ def test_csv_round_trip(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "line", "words"), [
     ("id,lower,upper,size\n0,0,4,8\n1,0,4\n", 3, "malformed row"),
     ("id,lower,upper,size\n0,0,4,8\n\n1,0,x,8\n", 4, "not an integer"),
-    ("id,lower,upper,size\n0,0,4,-8\n", 2, "negative size"),
+    ("id,lower,upper,size\n0,0,4,-8\n", 2, "has size -8; sizes must be positive"),
+    ("id,lower,upper,size\n0,0,4,8\n1,0,4,0\n", 3, "has size 0; sizes must be positive"),
     ("id,lower,upper,size\n0,0,4,8\n1,4,4,8\n", 3, "empty lifetime"),
     ("id,lower,upper,size\n0,5,4,8\n", 2, "empty lifetime"),
     ("id,lower,upper,size\n0,0,4,8\n0,1,4,8\n", 3, "duplicate buffer id '0'"),
@@ -192,7 +190,7 @@ def small_problems(max_size: int) -> st.SearchStrategy[Problem]:
 def test_pack_is_valid_and_optimal_on_tiny_problems(p: Problem) -> None:
     r = pack(p, time_limit=10)
     assert validate(p, r.offsets) == r.height
-    assert r.height >= r.lower_bound == p.max_load()
+    assert r.height >= r.lower_bound >= r.max_load == p.max_load()
     assert r.proven_optimal
     assert r.height == brute_force_height(p)
 
@@ -233,7 +231,7 @@ def test_gap_instance_is_proven_infeasible_at_max_load() -> None:
     assert r.height == 10 and r.proven_optimal  # minimised once 9 was proven impossible
     assert validate(GAP, r.offsets) == 10
     r = pack(GAP, time_limit=20)
-    assert r.height == 10 and r.proven_optimal and r.lower_bound == 9
+    assert r.height == 10 == r.lower_bound and r.proven_optimal and r.max_load == 9
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
@@ -251,31 +249,69 @@ def test_unknown_solver_is_named() -> None:
 @given(small_problems(7))
 @example(GAP)
 def test_each_exact_solver_alone_is_exact(p: Problem) -> None:
-    """Both canonical-search strategies and CP-SAT decide 'fits in opt' and 'fits in opt-1'
-    exactly, checked against brute force."""
-    inst = _Instance(p)
+    """Both canonical-search strategies, with every combination of the search's rules on
+    and off, and CP-SAT decide 'fits in opt' and 'fits in opt-1' exactly, checked against
+    brute force."""
+    inst = Instance(p)
     if not len(inst):
         return
     opt = brute_force_height(p) // inst.gcd - inst.floor
-    search = _CanonicalSearch(inst)
-    for strategy in (search.restarts, search.discrepancies, _CpSat(inst, workers=1)):
+    strategies: list = [CpSat(inst, workers=1)]
+    for options in Options.combinations():
+        search = CanonicalSearch(inst, options)
+        strategies += [search.restarts, search.discrepancies]
+    for strategy in strategies:
         for goal in (opt, opt - 1):
             units = strategy(goal, lambda: False)
-            assert (units is not None) == (goal >= opt)
+            assert (units is not None) == (goal >= opt), strategy
             if units is not None:
                 assert validate(p, inst.offsets(units)) <= (goal + inst.floor) * inst.gcd
 
 
-def test_large_problems_get_the_greedy_packing_only() -> None:
-    n = CP_SAT_MAX_BUFFERS + 1
-    p = Problem(tuple(Buffer(str(i), i % 50, i % 50 + 1 + i % 7, 64 * (1 + i % 5))
-                      for i in range(n)))
+def test_options_name_every_rule_and_pack_takes_them() -> None:
+    combos = list(Options.combinations())
+    assert len(combos) == 32 and len(set(combos)) == 32
+    r = pack(GAP, time_limit=20, solvers=["restarts"], options=Options(
+        canonical=False, section_load=False, dominance=False, hatless=False,
+        decompose=False))
+    assert r.height == 10 and r.proven_optimal
+
+
+def test_components_are_packed_separately() -> None:
+    """Two time ranges no buffer crosses: each part from offset 0, the arena as high as
+    the higher part, and the message says so."""
+    p = Problem(GAP.buffers + tuple(Buffer(f"late{b.id}", b.lower + 100, b.upper + 100,
+                                           b.size) for b in GAP.buffers))
+    r = pack(p, time_limit=20)
+    assert validate(p, r.offsets) == r.height == 10 and r.proven_optimal
+    assert "2 independent parts" in r.message
+
+
+def test_large_problems_are_searched_window_by_window() -> None:
+    """Above EXACT_MAX_BUFFERS a part is improved by windowed CP-SAT, within the limit."""
+    p = perfect_problem(EXACT_MAX_BUFFERS + 500, seed=3)
     messages: list[str] = []
-    r = pack(p, time_limit=1, progress=messages.append)
-    assert validate(p, r.offsets) == r.height >= r.lower_bound
-    assert r.method.startswith(("greedy", "pyramid")) and messages
-    if not r.proven_optimal:
-        assert "greedy only" in r.message
+    r = pack(p, time_limit=8, progress=messages.append)
+    assert validate(p, r.offsets) == r.height >= r.lower_bound == p.max_load()
+    assert r.height < r.greedy_height, "the windows lowered the greedy packing"
+    assert r.searched == "windowed CP-SAT" and r.method == "windowed CP-SAT"
+    assert r.seconds < 8 + 2
+    assert len(r.greedy) > 1 and min(h for _, h in r.greedy) == r.greedy_height
+
+
+def test_portfolio_tries_tie_breaks() -> None:
+    """Equal sizes: which one goes first decides the height, so the portfolio tries
+    several tie orders and keeps the lowest."""
+    names = [g.name for g in PORTFOLIO]
+    for key in ("size, then id", "size, then start", "size, then longest lifetime",
+                "area", "lifetime", "start"):
+        assert any(key in n and "best fit" in n for n in names)
+        assert any(key in n and "first fit" in n for n in names)
+    r = pack(perfect_problem(300, seed=4), time_limit=0)
+    assert len(r.greedy) == 1  # no time: the first packer only
+    r = pack(perfect_problem(300, seed=4), time_limit=60, solvers=["restarts"])
+    assert len(r.greedy) == len(PORTFOLIO)
+    assert r.greedy_height == min(h for _, h in r.greedy)
 
 
 def test_random_medium_problem_minimised() -> None:
@@ -308,7 +344,10 @@ def test_short_time_limit_returns_a_valid_greedy_packing(tmp_path: Path) -> None
     assert code == 1 and not r.fits and not r.proven_optimal and not r.proven_infeasible
     assert r.method.startswith(("greedy", "pyramid"))
     assert "not proven" in r.message
-    assert validate(read_csv(out)) == r.height > MIB
+    assert not out.exists(), "a packing over the capacity is written only on request"
+    r, code = pack_file(SHARED / "A.1048576.csv", capacity=MIB, time_limit=0.1, out=out,
+                        write_unfit=True)
+    assert code == 1 and validate(read_csv(out)) == r.height > MIB
     r = pack(read_csv(SHARED / "A.1048576.csv"), time_limit=0.1)
     assert not r.proven_optimal and "not proven optimal" in r.message
     assert r.seconds < 5

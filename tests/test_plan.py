@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from membudget.cli import app
 from membudget.plan.graph import from_trace
+from membudget.plan.minimalloc_csv import read_csv
 from membudget.plan.planner import location_problem, plan_trace
 from membudget.plan.problem import Problem
 from membudget.plan.validate import PackingError, validate, validate_plan
@@ -84,6 +85,32 @@ def test_pack_command_meets_a_capacity_or_exits_1(tmp_path):
     ok = CliRunner().invoke(app, ["pack", str(problem), "--capacity", "12", "-o", str(sol)])
     assert ok.exit_code == 0, ok.output
     assert "height 12" in ok.output and sol.read_text().splitlines()[0].endswith("offset")
+    unfit = tmp_path / "unfit.csv"
     too_small = CliRunner().invoke(app, ["pack", str(problem), "--capacity", "11",
-                                         "--time-limit", "1", "-o", str(sol)])
+                                         "--time-limit", "1", "-o", str(unfit)])
     assert too_small.exit_code == 1 and "does NOT fit" in too_small.output
+    assert "did not write" in too_small.output and not unfit.exists()
+    asked = CliRunner().invoke(app, ["pack", str(problem), "--capacity", "11",
+                                     "--time-limit", "1", "-o", str(unfit), "--write-unfit"])
+    assert asked.exit_code == 1 and "does NOT fit capacity 11" in asked.output
+    assert validate(read_csv(unfit)) == 12
+
+
+def test_plan_exports_the_recorded_order_as_a_minimalloc_problem(tmp_path):
+    """The exported problem's max load is the recorded order's peak (freed at last use),
+    and `membudget pack` packs it."""
+    from membudget.trace import write_trace
+
+    trace = resnet_step(batch=1)
+    path = tmp_path / "step.jsonl"
+    write_trace(path, trace.header, trace.events)
+    csv = tmp_path / "step.csv"
+    result = CliRunner().invoke(app, ["plan", str(path), "--export-problem", str(csv)])
+    assert result.exit_code == 0, result.output
+    assert "planned order" not in result.output, "exporting does not plan"
+    problem = read_csv(csv)
+    assert problem.max_load() == from_trace(trace).recorded_peak()
+    assert len(problem) > 100
+    packed = CliRunner().invoke(app, ["pack", str(csv), "--time-limit", "5"])
+    assert packed.exit_code == 0, packed.output
+    assert "lower bound" in packed.output

@@ -338,12 +338,16 @@ def plan(
                                            "one update after every gradient) or sgd (one "
                                            "update per parameter, as OLLA's "
                                            "benchmarks).")] = "adamw",
+    export_problem: Annotated[Path | None, typer.Option(
+        help="Write the step's offset problem in the recorded order as a MiniMalloc CSV "
+             "(id,lower,upper,size; half-open lifetimes) for `membudget pack`, and exit "
+             "without planning.")] = None,
 ) -> None:
     """Plan one step statically (OLLA): reorder its operators and place every tensor in one
     arena; print the recorded-order peak, planned peak, arena, lower bound and solve times."""
     from rich.table import Table
 
-    from membudget.plan.planner import plan_trace
+    from membudget.plan.planner import plan_trace, recorded_problem
     from membudget.trace import load_trace
 
     path = source
@@ -353,6 +357,14 @@ def plan(
         with _capture_progress(f"capturing {source}") as progress:
             path = zoo_sources([source], batch, device_spec, progress, optimizer)[0]
     trace = load_trace(path)
+    if export_problem is not None:
+        from membudget.plan.minimalloc_csv import write_csv
+
+        problem = recorded_problem(trace)
+        write_csv(export_problem, problem)
+        out.print(f"wrote {len(problem):,} buffers of {trace.name} (recorded order, max load "
+                  f"{format_bytes(problem.max_load())}) to {export_problem}")
+        return
     with err.status(f"planning {trace.name} ({time_limit:g} s)") as status:
         p = plan_trace(trace, time_limit, solver,
                        progress=lambda stage: status.update(f"planning {trace.name}: {stage}"))
@@ -389,28 +401,48 @@ def plan(
 def pack(
     problem: Annotated[Path, typer.Argument(help="A MiniMalloc CSV: id,lower,upper,size "
                                                  "(half-open lifetimes).")],
-    capacity: Annotated[int | None, typer.Option(help="Arena bytes every buffer must fit in "
-                                                 "(exit 1 if not); default: minimize the "
-                                                 "height.")] = None,
-    time_limit: Annotated[float, typer.Option(help="Seconds for the search.")] = 10.0,
+    capacity: Annotated[int | None, typer.Option(min=0, help="Arena bytes every buffer must "
+                                                 "fit in (exit 1 if not); default: minimise "
+                                                 "the height.")] = None,
+    time_limit: Annotated[float, typer.Option(min=0, help="Seconds for the whole run, greedy "
+                                              "packers included (honoured within about "
+                                              "2 s).")] = 10.0,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Solution CSV (adds "
-                                                "an offset column).")] = None,
+                                                "an offset column); with --capacity, "
+                                                "written only if the packing fits.")] = None,
+    write_unfit: Annotated[bool, typer.Option(help="With --capacity and -o: write the best "
+                                              "packing even when it does not fit.")] = False,
 ) -> None:
-    """Give every buffer of a MiniMalloc problem an offset (greedy packers, then an exact
-    search within the time limit); the packing is checked by the independent validator."""
+    """Give every buffer of a MiniMalloc problem an offset; the packing is checked by the
+    independent validator.
+
+    What runs: buffers of size 0 go at offset 0 and buffers live throughout are stacked
+    at the bottom. Then greedy packers (13 orders and fit rules, the first always, the
+    others within a quarter of the time limit) pack the rest, and the problem is split
+    into independent parts at the times no buffer crosses. Each part above the max-load
+    bound (or the capacity) is searched with the time left: up to 1,000 buffers by CP-SAT
+    racing a canonical search (MiniMalloc's, by restarts and by discrepancies), which can
+    prove a height optimal; above that by windowed CP-SAT, which re-packs the top of the
+    packing window by window and proves nothing.
+    """
     from membudget.plan.pack import pack_file
 
-    with err.status(f"packing {problem}"):
-        result, code = pack_file(problem, capacity=capacity, time_limit=time_limit, out=output)
+    with err.status(f"packing {problem}") as status:
+        result, code = pack_file(problem, capacity=capacity, time_limit=time_limit,
+                                 out=output, write_unfit=write_unfit,
+                                 progress=lambda m: status.update(f"packing {problem}: {m}"))
     fits = "" if capacity is None else (f", fits {capacity:,}" if code == 0 else
                                         f", does NOT fit {capacity:,}")
-    out.print(f"height {result.height:,} (max-load bound {result.lower_bound:,}{fits}) by "
-              f"{result.method} in {result.seconds:.1f} s"
-              + ("; proven optimal" if result.proven_optimal else ""))
-    if result.message:
-        err.print(result.message)
-    if output:
-        err.print(f"wrote {output}")
+    proof = "proven optimal" if result.proven_optimal else f"gap {result.gap:.3%}"
+    out.print(f"height {result.height:,} (lower bound {result.lower_bound:,}{fits}; {proof}) "
+              f"by {result.method} in {result.seconds:.1f} s")
+    err.print(result.message)
+    if output and (result.fits or write_unfit):
+        err.print(f"wrote {output}" + ("" if result.fits else
+                                       f" (does NOT fit capacity {capacity:,})"))
+    elif output:
+        err.print(f"did not write {output}: the packing does not fit the capacity "
+                  "(--write-unfit writes it anyway)")
     raise typer.Exit(code)
 
 

@@ -59,8 +59,10 @@ def read_csv(path: str | Path) -> Problem:
         except ValueError:
             raise TraceError(path, line, f"malformed row: {','.join(row)!r} has a field that "
                                          "is not an integer") from None
-        if size < 0:
-            raise TraceError(path, line, f"buffer {bid!r} has negative size {size}")
+        if size <= 0:
+            raise TraceError(path, line, f"buffer {bid!r} has size {size}; sizes must be "
+                                         "positive (drop buffers of size 0: they take no "
+                                         "memory)")
         if lower >= upper:
             raise TraceError(path, line, f"buffer {bid!r} has an empty lifetime: lower "
                                          f"{lower} >= upper {upper} (lifetimes are [lower, "

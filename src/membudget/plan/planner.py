@@ -83,6 +83,13 @@ def location_problem(graph: Graph, order: list[int]) -> Problem:
     return Problem(tuple(buffers))
 
 
+def recorded_problem(trace: Trace) -> Problem:
+    """The offset problem of ``trace``'s step in the order it ran (half-open lifetimes at
+    storage level, leaves live throughout): what :func:`location_problem` packs, unplanned."""
+    graph = from_trace(trace)
+    return location_problem(graph, list(range(len(graph.ops))))
+
+
 def plan_trace(trace: Trace, time_limit: float = 30.0, solver: str | None = None,
                caching: bool = True,
                progress: Callable[[str], None] | None = None) -> Plan:

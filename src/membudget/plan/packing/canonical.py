@@ -1,0 +1,317 @@
+"""Canonical depth-first search (after MiniMalloc, Moffitt ASPLOS'23): does a packing fit
+under a capacity?
+
+Every packing can be pushed down until each buffer rests on 0 or on a buffer it overlaps in
+time, so the search places one buffer at a time right on top of its placed neighbours. Its
+rules are named options (:class:`Options`), each sound on its own, so they can be switched
+off and checked against brute force one by one. The state is changed in place and undone
+from a trail, and the tables are read-only, so several threads can search at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from membudget.plan.packing.instance import Instance
+
+Stop = Callable[[], bool]
+_BIG = np.int64(1 << 62)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The search's rules; every combination is exact, the defaults are the fastest."""
+
+    #: Only canonical sequences: buffers placed in non-decreasing (offset, rank), so each
+    #: packing is visited once. Off: every order of placement (the brute force).
+    canonical: bool = True
+    #: Section inference: prune once a time section's floor plus the sizes still to place
+    #: in it exceed the capacity.
+    section_load: bool = True
+    #: Dominance: no buffer at or above the lowest top some unplaced buffer could reach
+    #: (that buffer could go below it instead). Needs ``canonical``.
+    dominance: bool = True
+    #: Hatless pruning: once a buffer with nothing unplaced above it fails, no alternative
+    #: at that node can help.
+    hatless: bool = True
+    #: Decomposition: once no unplaced buffer crosses a time cut, pack the sides
+    #: separately (each must succeed).
+    decompose: bool = True
+
+    @classmethod
+    def combinations(cls) -> Iterator[Options]:
+        """Every combination of the rules (for tests and ablations)."""
+        names = [f.name for f in fields(cls)]
+        for values in itertools.product((False, True), repeat=len(names)):
+            yield cls(**dict(zip(names, values, strict=True)))
+
+
+DEFAULT_OPTIONS = Options()
+
+
+class Interrupted(Exception):
+    """The search was stopped (time limit, node limit or another solver finished)."""
+
+
+class NodeLimit(Interrupted):
+    """One heuristic's node budget ran out; round robin tries the next."""
+
+
+class CanonicalSearch:
+    """The read-only tables of one instance (sections, members, neighbours) and the two
+    ways to run the search: MiniMalloc's restarts and discrepancy search."""
+
+    HEURISTICS = ("WAT", "TAW", "TWA")  # static ranks: Width, Area, section Total
+
+    def __init__(self, inst: Instance, options: Options = DEFAULT_OPTIONS) -> None:
+        self.options = options
+        self.n = n = len(inst)
+        self.size = inst.size
+        self.width = inst.width
+        lo, hi = inst.lo, inst.hi
+        # Sections: the slots between consecutive events that end with some buffer's end
+        # (the others are subsets of the next slot).
+        t = int(hi.max()) + 1 if n else 1
+        ends = np.zeros(t + 1, dtype=bool)
+        ends[hi] = True
+        remap = np.concatenate(([0], np.cumsum(ends[1:t])))
+        self.lo, self.hi = remap[lo], remap[hi]
+        self.sections = s = int(remap[-1])
+        spans = self.hi - self.lo
+        member_sec = np.repeat(self.lo, spans) + (
+            np.arange(int(spans.sum())) - np.repeat(np.cumsum(spans) - spans, spans))
+        member_buf = np.repeat(np.arange(n), spans)
+        k = np.lexsort((member_buf, member_sec))
+        self.members = member_buf[k]
+        self.indptr = np.searchsorted(member_sec[k], np.arange(s + 1))
+        self.total0 = np.zeros(s, dtype=np.int64)
+        np.add.at(self.total0, member_sec, self.size[member_buf])
+        self.neighbours: list[np.ndarray] = []
+        self.block: list[tuple[int, int]] = []  # sections touched by i or a neighbour
+        for i in range(n):
+            nb = np.flatnonzero((self.lo < self.hi[i]) & (self.lo[i] < self.hi))
+            nb = nb[nb != i]
+            self.neighbours.append(nb)
+            self.block.append((int(min(self.lo[i], self.lo[nb].min(initial=s))),
+                               int(max(self.hi[i], self.hi[nb].max(initial=0)))))
+        cuts = np.zeros(s + 1, dtype=np.int64)  # cuts[k]: buffers live in both k and k+1
+        np.add.at(cuts, self.lo, 1)
+        np.add.at(cuts, self.hi - 1, -1)
+        self.cuts0 = np.cumsum(cuts)[: max(s - 1, 0)]
+
+    def restarts(self, capacity: int, stop: Stop) -> np.ndarray | None:
+        """Offsets (units) of a packing within ``capacity``, or None if none exists.
+
+        MiniMalloc's round robin: each static rank in turn, with a node limit doubling
+        every round. Raises Interrupted once ``stop()`` turns true (polled every 64 nodes).
+        """
+        if int(self.total0.max(initial=0)) > capacity:
+            return None
+        limit = self.n
+        while True:
+            limit *= 2
+            for heuristic in self.HEURISTICS:
+                try:
+                    return _Dfs(self, capacity, heuristic, stop, node_limit=limit).run()[0]
+                except NodeLimit:
+                    continue
+
+    def discrepancies(self, capacity: int, stop: Stop) -> np.ndarray | None:
+        """Like ``restarts`` but by depth-first discrepancy search on the TWA rank: taking
+        a node's k-th viable child costs k, and the budget grows 0, 1, 2, ... until a
+        packing turns up or a run cuts nothing (which proves there is none). It finds
+        packings whose few wrong turns are near the root, where plain DFS thrashes."""
+        if int(self.total0.max(initial=0)) > capacity:
+            return None
+        budget = 0
+        while True:
+            offsets, cut = _Dfs(self, capacity, "TWA", stop, discrepancies=budget).run()
+            if offsets is not None or not cut:
+                return offsets
+            budget += 1
+
+    def rank(self, bufs: np.ndarray, total: np.ndarray, heuristic: str,
+             rank: np.ndarray) -> None:
+        """Rank ``bufs`` in place in ``rank`` by the heuristic (descending keys, then id)."""
+        keys = {"W": self.width[bufs], "A": self.width[bufs] * self.size[bufs],
+                "T": np.array([int(total[self.lo[i]:self.hi[i]].max()) for i in bufs])}
+        order = np.lexsort([bufs] + [-keys[c] for c in reversed(heuristic)])
+        rank[bufs[order]] = np.arange(len(bufs))
+
+    def split(self, pa: int, pb: int, cuts_at: np.ndarray,
+              bufs: np.ndarray) -> Iterator[tuple[int, int, np.ndarray]]:
+        """The non-empty independent parts (section range, buffers) of [pa, pb) cut at
+        ``cuts_at``."""
+        bounds = [pa, *cuts_at.tolist(), pb]
+        for x, y in itertools.pairwise(bounds):
+            part = bufs[(self.lo[bufs] >= x) & (self.hi[bufs] <= y)]
+            if len(part):
+                yield x, y, part
+
+
+class _Dfs:
+    """One depth-first search at one capacity: the mutable state (offsets, lowest offset
+    each unplaced buffer can take, sizes left and top per section, buffers crossing each
+    section boundary) and a trail to undo placements."""
+
+    def __init__(self, tables: CanonicalSearch, capacity: int, heuristic: str, stop: Stop,
+                 node_limit: int | None = None, discrepancies: int | None = None) -> None:
+        self.t = tables
+        self.o = tables.options
+        self.capacity = capacity
+        self.heuristic = heuristic
+        self.stop = stop
+        self.node_limit = node_limit
+        self.discrepancies = discrepancies
+        n, s = tables.n, tables.sections
+        self.offsets = np.full(n, -1, dtype=np.int64)
+        self.min_off = np.zeros(n, dtype=np.int64)
+        self.free = np.ones(n, dtype=bool)
+        self.total = tables.total0.copy()
+        self.top = np.zeros(s, dtype=np.int64)
+        self.cuts = tables.cuts0.copy()
+        self.rank = np.zeros(n, dtype=np.int64)
+        self.trail: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.nodes = 0
+        self.cut = False
+        self.lo_l, self.hi_l = tables.lo.tolist(), tables.hi.tolist()
+        self.size_l = tables.size.tolist()
+
+    def run(self) -> tuple[np.ndarray | None, bool]:
+        """Offsets of a packing (or None) and whether the discrepancy budget cut a branch."""
+        t = self.t
+        spare = t.n * t.n if self.discrepancies is None else self.discrepancies
+        parts = (t.split(0, t.sections, np.flatnonzero(self.cuts == 0) + 1, np.arange(t.n))
+                 if self.o.decompose else [(0, t.sections, np.arange(t.n))])
+        for x, y, part in parts:
+            t.rank(part, self.total, self.heuristic, self.rank)
+            if not self._search(x, y, part, (0, -1), spare):
+                return None, self.cut
+        return self.offsets.copy(), self.cut
+
+    def _place(self, j: int, off: int) -> np.ndarray:
+        """Put buffer j at ``off``; returns its unplaced neighbours."""
+        lj, hj, sj = self.lo_l[j], self.hi_l[j], self.size_l[j]
+        nb = self.t.neighbours[j]
+        nb = nb[self.free[nb]]
+        self.trail.append((j, nb, self.min_off[nb], self.top[lj:hj].copy()))
+        self.offsets[j] = off
+        self.free[j] = False
+        self.min_off[nb] = np.maximum(self.min_off[nb], off + sj)
+        self.total[lj:hj] -= sj
+        self.top[lj:hj] = off + sj
+        self.cuts[lj:hj - 1] -= 1
+        return nb
+
+    def _undo(self, mark: int) -> None:
+        """Take back every placement made since the trail had ``mark`` entries."""
+        while len(self.trail) > mark:
+            j, nb, old_min, old_top = self.trail.pop()
+            lj, hj = self.lo_l[j], self.hi_l[j]
+            self.offsets[j] = -1
+            self.free[j] = True
+            self.min_off[nb] = old_min
+            self.total[lj:hj] += self.size_l[j]
+            self.top[lj:hj] = old_top
+            self.cuts[lj:hj - 1] += 1
+
+    def _overloaded(self, off: int, a: int, b: int) -> bool:
+        """Whether some section in [a, b) cannot hold what is left to place in it: each
+        unplaced buffer goes on top of the placed ones it overlaps (and, in canonical
+        order, not below ``off``)."""
+        t = self.t
+        seg = t.members[t.indptr[a]:t.indptr[b]]
+        counts = np.diff(t.indptr[a:b + 1])
+        if len(seg):
+            low = np.where(self.free[seg], self.min_off[seg], _BIG)
+            lowest = np.minimum.reduceat(low, (t.indptr[a:b] - t.indptr[a]).clip(
+                max=len(seg) - 1))
+            lowest[(lowest == _BIG) | (counts == 0)] = 0
+        else:
+            lowest = np.zeros(b - a, dtype=np.int64)
+        floor = np.maximum(lowest, self.top[a:b])
+        if self.o.canonical:
+            floor = np.maximum(floor, off)
+        return bool((floor + self.total[a:b] > self.capacity).any())
+
+    def _search(self, pa: int, pb: int, bufs: np.ndarray, last: tuple[int, int],
+                spare: int) -> bool:
+        """Place the unplaced ``bufs`` of sections [pa, pb); True once all fit (their
+        placements stay), False with the state as it was."""
+        self.nodes += 1
+        if self.node_limit is not None and self.nodes > self.node_limit:
+            raise NodeLimit
+        if self.nodes % 64 == 0 and self.stop():
+            raise Interrupted
+        o, t, size = self.o, self.t, self.t.size
+        todo = bufs[self.free[bufs]]
+        if len(todo) == 0:
+            return True
+        cand_off = self.min_off[todo]
+        lowest_top = int((cand_off + size[todo]).min())
+        if o.section_load and o.canonical:
+            tp = self.total[pa:pb]
+            before = np.maximum.accumulate(tp)
+            after = np.maximum.accumulate(tp[::-1])[::-1]
+        mark = len(self.trail)
+        viable = 0
+        for k in np.lexsort((self.rank[todo], cand_off)).tolist():
+            j = int(todo[k])
+            off = int(cand_off[k])
+            if off + self.size_l[j] > self.capacity:
+                continue
+            if o.canonical:
+                if o.dominance and off >= lowest_top:
+                    break  # dominated: a lower buffer could go here instead
+                if (off, int(self.rank[j])) < last:
+                    continue  # not canonical
+            a, b = t.block[j]
+            a, b = max(a, pa), min(b, pb)
+            lj, hj = self.lo_l[j], self.hi_l[j]
+            if o.section_load:
+                outside = 0
+                if o.canonical:  # everything left goes at or above off
+                    outside = max(int(before[a - 1 - pa]) if a > pa else 0,
+                                  int(after[b - pa]) if b < pb else 0)
+                if off + outside > self.capacity or (
+                        off + int(self.total[lj:hj].max()) > self.capacity):
+                    continue
+            nb = self._place(j, off)
+            if o.section_load and self._overloaded(off, a, b):
+                self._undo(mark)
+                continue
+            if viable > spare:
+                self._undo(mark)
+                self.cut = True
+                return False
+            left = spare - viable
+            viable += 1
+            if self._descend(pa, pb, bufs, j, off, left):
+                return True
+            self._undo(mark)
+            if o.hatless and len(nb) == 0:
+                return False  # hatless: nothing could go above j, so no other choice helps
+        return False
+
+    def _descend(self, pa: int, pb: int, bufs: np.ndarray, j: int, off: int,
+                 spare: int) -> bool:
+        """Go on after placing j at ``off``: in independent parts if j's placement left a
+        cut that no unplaced buffer crosses, else in the same range."""
+        lj, hj = self.lo_l[j], self.hi_l[j]
+        zero = np.zeros(0, dtype=np.int64)
+        if self.o.decompose and hj - lj > 1:
+            zero = np.flatnonzero(self.cuts[lj:hj - 1] == 0) + lj + 1
+        if not len(zero):
+            return self._search(pa, pb, bufs, (off, int(self.rank[j])), spare)
+        rank = self.rank.copy()
+        for x, y, part in self.t.split(pa, pb, zero, bufs[self.free[bufs]]):
+            self.t.rank(part, self.total, self.heuristic, self.rank)
+            if not self._search(x, y, part, (0, -1), spare):
+                self.rank = rank
+                return False
+        self.rank = rank
+        return True

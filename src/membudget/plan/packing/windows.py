@@ -1,0 +1,77 @@
+"""Large-neighbourhood search for parts too large for the exact solvers whole: the buffers
+at the top of the packing are re-packed window by window. A window is a time range around
+one of them; CP-SAT re-packs the buffers inside it as low as it can, starting from where
+they are, around the fixed buffers crossing its edges. Every step keeps the packing valid,
+so the search can stop at any time."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from membudget.plan.packing.cp_sat import CpSat
+from membudget.plan.packing.exact import Incumbent
+from membudget.plan.packing.instance import Instance
+
+#: Buffers re-packed per window, drawn at random per window.
+BANDS = (150, 300, 600)
+#: Seconds CP-SAT gets per window.
+WINDOW_SECONDS = 2.0
+
+
+def improve(inc: Incumbent, deadline: float) -> int:
+    """Lower the incumbent until it is settled or the deadline passes; returns how many
+    windows lowered a buffer at the top. Each round re-packs a window around one of the
+    highest buffers; windows are drawn at random, so one that failed may work next time."""
+    inst = inc.inst
+    off = inc.offsets.copy()
+    rng = np.random.default_rng(0)
+    solved = 0
+    while not inc.done.is_set() and time.perf_counter() < deadline:
+        height = inst.height(off)
+        tops = off + inst.size
+        i = int(rng.choice(np.flatnonzero(tops == height)))
+        new = _window(inst, off, i, int(rng.choice(BANDS)), deadline, rng)
+        if new is None or new[1].max(initial=0) >= height:
+            continue
+        idx, values = new
+        if (values + inst.size[idx]).max() < (off[idx] + inst.size[idx]).max():
+            solved += 1
+        off[idx] = values
+        if inst.height(off) < height:
+            inc.offer(off.copy(), "windowed CP-SAT")  # which reports it
+    return solved
+
+
+def _window(inst: Instance, off: np.ndarray, i: int, band: int, deadline: float,
+            rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray] | None:
+    """Re-pack the top band of a window around buffer i as low as CP-SAT can in its time:
+    the band's buffers and their new offsets, or None if it found nothing. The window
+    grows from i's lifetime, by random steps on either side, until it holds ``band``
+    buffers; the band is the ``band`` highest of them (and i), kept above the lowest
+    offset among them, and every other buffer reaching into the band stays where it is."""
+    lo, hi, size = inst.lo, inst.hi, inst.size
+    a, b = int(lo[i]), int(hi[i])
+    end = int(hi.max())
+    step = max(b - a, 1)
+    while True:  # widen the window until it holds enough buffers
+        inside = np.flatnonzero((lo >= a) & (hi <= b))
+        if len(inside) >= band or (a <= 0 and b >= end):
+            break
+        a = max(a - int(step * rng.random()) - 1, 0)
+        b = min(b + int(step * rng.random()) + 1, end)
+    level = min(int(np.sort(off[inside])[-min(band, len(inside))]), int(off[i]))
+    free = inside[off[inside] >= level]
+    fixed = np.flatnonzero((lo < b) & (hi > a) & (off + size > level))
+    fixed = fixed[~np.isin(fixed, free)]
+    obstacles = np.stack([np.maximum(lo[fixed], a), np.minimum(hi[fixed], b), off[fixed],
+                          size[fixed]], axis=1) if len(fixed) else None
+    solver = CpSat(inst.part(free), workers=os.cpu_count() or 1,
+                   floor=np.full(len(free), level, dtype=np.int64), obstacles=obstacles,
+                   hint=off[free])
+    solver.solver.parameters.max_time_in_seconds = max(
+        0.01, min(WINDOW_SECONDS, deadline - time.perf_counter()))
+    values = solver.lowest(inst.height(off), lambda: False)
+    return None if values is None else (free, values)
