@@ -285,6 +285,9 @@ def test_components_are_packed_separately() -> None:
     r = pack(p, time_limit=20)
     assert validate(p, r.offsets) == r.height == 10 and r.proven_optimal
     assert "2 independent parts" in r.message
+    whole = pack(p, time_limit=20, options=Options(decompose=False))
+    assert validate(p, whole.offsets) == whole.height == 10 and whole.proven_optimal
+    assert "independent parts" not in whole.message
 
 
 def test_large_problems_are_searched_window_by_window() -> None:

@@ -17,7 +17,7 @@ from rich.text import Text
 from membudget.errors import MembudgetError
 from membudget.units import format_bytes, parse_bytes
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="markdown",
                   help="Train under a memory budget, and compare the methods for it.")
 import_app = typer.Typer(no_args_is_help=True, help="Convert other formats into membudget traces.")
 app.add_typer(import_app, name="import")
@@ -418,7 +418,8 @@ def pack(
 
     What runs: buffers of size 0 go at offset 0 and buffers live throughout are stacked
     at the bottom. Then greedy packers (13 orders and fit rules, the first always, the
-    others within a quarter of the time limit) pack the rest, and the problem is split
+    others within a quarter of the time limit, until one reaches the max-load bound) pack
+    the rest, and the problem is split
     into independent parts at the times no buffer crosses. Each part above the max-load
     bound (or the capacity) is searched with the time left: up to 1,000 buffers by CP-SAT
     racing a canonical search (MiniMalloc's, by restarts and by discrepancies), which can

@@ -85,10 +85,13 @@ def pack(problem: Problem, capacity: int | None = None, time_limit: float = 10.0
     say = progress or (lambda _message: None)
     inst = Instance(problem)
     best, method, runs = np.zeros(0, dtype=np.int64), "nothing to place", []
+    bound = inst.max_load()
     for packer, off in portfolio(inst, start + GREEDY_SHARE * time_limit):
         runs.append((packer.name, inst.bytes(inst.height(off))))
         if not len(best) or inst.height(off) < inst.height(best):
             best, method = off, packer.name
+        if inst.height(best) <= bound:
+            break  # optimal: no packer can do better
     greedy_height = inst.bytes(inst.height(best))
     say(f"{method}: height {greedy_height:,} B ({len(runs)} greedy packers; max load "
         f"{problem.max_load():,} B)")
@@ -110,7 +113,8 @@ class _Components:
                  options: Options, say: Progress) -> None:
         self.inst = inst
         self.offsets = off.copy()
-        self.parts = components(inst)
+        self.parts = (components(inst) if options.decompose
+                      else [np.arange(len(inst))] if len(inst) else [])
         loads = [inst.part(p).max_load() for p in self.parts]
         self.lower = dict(enumerate(loads))  # proven lower bound of each part
         self.optimal: set[int] = set()  # parts proven optimal

@@ -39,7 +39,8 @@ class Options:
     #: at that node can help.
     hatless: bool = True
     #: Decomposition: once no unplaced buffer crosses a time cut, pack the sides
-    #: separately (each must succeed).
+    #: separately (each must succeed); :func:`membudget.plan.pack.pack` also splits the
+    #: whole problem into its independent components first.
     decompose: bool = True
 
     @classmethod
