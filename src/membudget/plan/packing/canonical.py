@@ -225,15 +225,10 @@ class _Dfs:
         unplaced buffer goes on top of the placed ones it overlaps (and, in canonical
         order, not below ``off``)."""
         t = self.t
-        seg = t.members[t.indptr[a]:t.indptr[b]]
-        counts = np.diff(t.indptr[a:b + 1])
-        if len(seg):
-            low = np.where(self.free[seg], self.min_off[seg], _BIG)
-            lowest = np.minimum.reduceat(low, (t.indptr[a:b] - t.indptr[a]).clip(
-                max=len(seg) - 1))
-            lowest[(lowest == _BIG) | (counts == 0)] = 0
-        else:
-            lowest = np.zeros(b - a, dtype=np.int64)
+        seg = t.members[t.indptr[a]:t.indptr[b]]  # every section holds the buffer ending it
+        lowest = np.minimum.reduceat(np.where(self.free[seg], self.min_off[seg], _BIG),
+                                     t.indptr[a:b] - t.indptr[a])
+        lowest[lowest == _BIG] = 0
         floor = np.maximum(lowest, self.top[a:b])
         if self.o.canonical:
             floor = np.maximum(floor, off)
