@@ -1,8 +1,8 @@
 """Large-neighbourhood search for parts too large for the exact solvers whole: the buffers
-at the top of the packing are re-packed window by window. A window is a time range around
-one of them; CP-SAT re-packs the buffers inside it as low as it can, starting from where
-they are, around the fixed buffers crossing its edges. Every step keeps the packing valid,
-so the search can stop at any time."""
+at the top of the packing are re-packed band by band. A band is the highest buffers of a
+time window around one of them, or of all buffers live with it; CP-SAT re-packs them as
+low as it can, starting from where they are, around the fixed buffers reaching into it.
+Every step keeps the packing valid, so the search can stop at any time."""
 
 from __future__ import annotations
 
@@ -47,23 +47,29 @@ def improve(inc: Incumbent, deadline: float) -> int:
 
 def _window(inst: Instance, off: np.ndarray, i: int, band: int, deadline: float,
             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray] | None:
-    """Re-pack the top band of a window around buffer i as low as CP-SAT can in its time:
-    the band's buffers and their new offsets, or None if it found nothing. The window
-    grows from i's lifetime, by random steps on either side, until it holds ``band``
-    buffers; the band is the ``band`` highest of them (and i), kept above the lowest
-    offset among them, and every other buffer reaching into the band stays where it is."""
+    """Re-pack a band around buffer i as low as CP-SAT can in its time: the band's buffers
+    and their new offsets, or None if it found nothing. Half the time the band is drawn
+    from a time window (grown from i's lifetime by random steps on either side until it
+    holds ``band`` buffers), half the time from every buffer live with i, long-lived ones
+    included (what a peak of live memory needs moved). The band is the ``band`` highest
+    of those (and i), kept above the lowest offset among them; every other buffer reaching
+    into it stays where it is."""
     lo, hi, size = inst.lo, inst.hi, inst.size
     a, b = int(lo[i]), int(hi[i])
-    end = int(hi.max())
-    step = max(b - a, 1)
-    while True:  # widen the window until it holds enough buffers
-        inside = np.flatnonzero((lo >= a) & (hi <= b))
-        if len(inside) >= band or (a <= 0 and b >= end):
-            break
-        a = max(a - int(step * rng.random()) - 1, 0)
-        b = min(b + int(step * rng.random()) + 1, end)
-    level = min(int(np.sort(off[inside])[-min(band, len(inside))]), int(off[i]))
-    free = inside[off[inside] >= level]
+    if rng.random() < 0.5:
+        pool = np.flatnonzero((lo < b) & (hi > a))
+    else:
+        end = int(hi.max())
+        step = max(b - a, 1)
+        while True:  # widen the window until it holds enough buffers
+            pool = np.flatnonzero((lo >= a) & (hi <= b))
+            if len(pool) >= band or (a <= 0 and b >= end):
+                break
+            a = max(a - int(step * rng.random()) - 1, 0)
+            b = min(b + int(step * rng.random()) + 1, end)
+    level = min(int(np.sort(off[pool])[-min(band, len(pool))]), int(off[i]))
+    free = pool[off[pool] >= level]
+    a, b = int(lo[free].min()), int(hi[free].max())
     fixed = np.flatnonzero((lo < b) & (hi > a) & (off + size > level))
     fixed = fixed[~np.isin(fixed, free)]
     obstacles = np.stack([np.maximum(lo[fixed], a), np.minimum(hi[fixed], b), off[fixed],
