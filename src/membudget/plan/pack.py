@@ -160,8 +160,9 @@ class _Components:
             self.ran.update(race(inc, deadline, self.solvers, self.options, self.say))
         elif not inc.done.is_set() and "cp-sat" in self.solvers:
             self.say(f"windowed CP-SAT on a part of {len(sub):,} buffers")
-            if windows.improve(inc, deadline):
-                self.ran.add("windowed CP-SAT")
+            tried = windows.improve(inc, deadline)
+            if tried:
+                self.ran.add(f"windowed CP-SAT ({tried:,} windows)")
         self.offsets[part] = inc.offsets
         self.method[k] = inc.method
         self.lower[k] = inc.lower

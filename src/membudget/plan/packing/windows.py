@@ -23,26 +23,24 @@ WINDOW_SECONDS = 2.0
 
 def improve(inc: Incumbent, deadline: float) -> int:
     """Lower the incumbent until it is settled or the deadline passes; returns how many
-    windows lowered a buffer at the top. Each round re-packs a window around one of the
-    highest buffers; windows are drawn at random, so one that failed may work next time."""
+    windows were tried. Each round re-packs a band around one of the highest buffers;
+    bands are drawn at random, so one that failed may work next time."""
     inst = inc.inst
     off = inc.offsets.copy()
     rng = np.random.default_rng(0)
-    solved = 0
+    tried = 0
     while not inc.done.is_set() and time.perf_counter() < deadline:
         height = inst.height(off)
         tops = off + inst.size
         i = int(rng.choice(np.flatnonzero(tops == height)))
         new = _window(inst, off, i, int(rng.choice(BANDS)), deadline, rng)
-        if new is None or new[1].max(initial=0) >= height:
+        tried += 1
+        if new is None or (new[1] + inst.size[new[0]]).max(initial=0) > height:
             continue
-        idx, values = new
-        if (values + inst.size[idx]).max() < (off[idx] + inst.size[idx]).max():
-            solved += 1
-        off[idx] = values
+        off[new[0]] = new[1]
         if inst.height(off) < height:
             inc.offer(off.copy(), "windowed CP-SAT")  # which reports it
-    return solved
+    return tried
 
 
 def _window(inst: Instance, off: np.ndarray, i: int, band: int, deadline: float,
