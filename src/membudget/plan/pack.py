@@ -107,7 +107,7 @@ def pack(problem: Problem, capacity: int | None = None, time_limit: float = 10.0
 
 class _Components:
     """The packing of each independent component and what is proven about it; searches
-    the ones that stand in the way of the goal, lowest-first by need."""
+    the ones that stand in the way of the goal, highest first."""
 
     def __init__(self, inst: Instance, off: np.ndarray, method: str, solvers: Sequence[str],
                  options: Options, say: Progress) -> None:
@@ -123,6 +123,7 @@ class _Components:
         self.solvers, self.options, self.say = solvers, options, say
         self.infeasible = False
         self.ran: set[str] = set()
+        self.windows = 0  # windows tried by the windowed search
 
     def height(self, k: int | None = None) -> int:
         """Height (units) of part k, or of the whole."""
@@ -160,13 +161,13 @@ class _Components:
             self.ran.update(race(inc, deadline, self.solvers, self.options, self.say))
         elif not inc.done.is_set() and "cp-sat" in self.solvers:
             self.say(f"windowed CP-SAT on a part of {len(sub):,} buffers")
-            tried = windows.improve(inc, deadline)
-            if tried:
-                self.ran.add(f"windowed CP-SAT ({tried:,} windows)")
+            self.windows += windows.improve(inc, deadline)
         self.offsets[part] = inc.offsets
         self.method[k] = inc.method
         self.lower[k] = inc.lower
-        self.bound = max(self.bound, inc.lower)
+        if inc.infeasible and target is not None:  # nothing fits the target
+            self.lower[k] = max(inc.lower, target + 1)
+        self.bound = max(self.bound, self.lower[k])
         if inc.proven_optimal:
             self.optimal.add(k)
         return inc
@@ -215,7 +216,8 @@ def _result(problem: Problem, inst: Instance, solve: _Components, capacity: int 
         else:
             what = (f"no packing within capacity {capacity:,} B found in {time_limit:g} s "
                     f"(not proven impossible); best {what}")
-    searched = ", ".join(sorted(solve.ran))
+    searched = ", ".join(sorted(solve.ran) + (
+        [f"windowed CP-SAT ({solve.windows:,} windows)"] if solve.windows else []))
     what += f"; {len(runs)} greedy packer(s)" + (f", then {searched}" if searched else "")
     if len(solve.parts) > 1:
         what += f" on {len(solve.parts):,} independent parts"
