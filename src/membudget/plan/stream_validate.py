@@ -12,11 +12,10 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
-from numbers import Integral
 
 from membudget.plan.graph import LEAF
 from membudget.plan.streams import StreamError, StreamProgram, buffer_id
-from membudget.plan.validate import PackingError
+from membudget.plan.validate import PackingError, checked_offset
 
 
 class UnsafeSharingError(PackingError):
@@ -100,20 +99,11 @@ def _buffers(program: StreamProgram, offsets: Mapping[str, int],
         if t.size <= 0:
             continue
         bid = buffer_id(k, t)
-        if bid not in offsets:
-            raise PackingError(f"buffer {bid!r} has no offset")
-        off = offsets[bid]
-        if not isinstance(off, Integral) or isinstance(off, bool):
-            raise PackingError(f"buffer {bid!r} has a non-integer offset {off!r}")
-        if off < 0:
-            raise PackingError(f"buffer {bid!r} has negative offset {off}")
-        if capacity is not None and off + t.size > capacity:
-            raise PackingError(f"buffer {bid!r} at [{off}, {off + t.size}) exceeds the "
-                               f"capacity {capacity}")
+        off = checked_offset(bid, t.size, offsets, capacity)
         uses = 0 if t.src == LEAF else 1 << t.src
         for s in t.sinks:
             uses |= 1 << s
-        out.append(_Use(bid, int(off), t.size, t.src, uses, t.to_end))
+        out.append(_Use(bid, off, t.size, t.src, uses, t.to_end))
     unknown = sorted(set(offsets) - {b.id for b in out})
     if unknown:
         raise PackingError(f"offsets given for {len(unknown)} buffer(s) the program does not "

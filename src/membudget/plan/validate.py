@@ -38,19 +38,26 @@ def validate(problem: Problem, offsets: Mapping[str, int] | None = None,
                            f"{unknown[0]!r}")
     height = 0
     for b in problem.buffers:
-        if b.id not in offsets:
-            raise PackingError(f"buffer {b.id!r} has no offset")
-        off = offsets[b.id]
-        if not isinstance(off, Integral) or isinstance(off, bool):
-            raise PackingError(f"buffer {b.id!r} has a non-integer offset {off!r}")
-        if off < 0:
-            raise PackingError(f"buffer {b.id!r} has negative offset {off}")
-        if capacity is not None and off + b.size > capacity:
-            raise PackingError(f"buffer {b.id!r} at [{off}, {off + b.size}) exceeds the "
-                               f"capacity {capacity}")
-        height = max(height, off + b.size)
+        height = max(height, checked_offset(b.id, b.size, offsets, capacity) + b.size)
     _check_no_overlap(problem.buffers, offsets)
     return height
+
+
+def checked_offset(bid: str, size: int, offsets: Mapping[str, int],
+                   capacity: int | None) -> int:
+    """The offset of buffer ``bid`` of ``size`` bytes, once it is known to be given, a
+    non-negative integer and (with a ``capacity``) within it; else PackingError."""
+    if bid not in offsets:
+        raise PackingError(f"buffer {bid!r} has no offset")
+    off = offsets[bid]
+    if not isinstance(off, Integral) or isinstance(off, bool):
+        raise PackingError(f"buffer {bid!r} has a non-integer offset {off!r}")
+    if off < 0:
+        raise PackingError(f"buffer {bid!r} has negative offset {off}")
+    if capacity is not None and off + size > capacity:
+        raise PackingError(f"buffer {bid!r} at [{off}, {off + size}) exceeds the "
+                           f"capacity {capacity}")
+    return int(off)
 
 
 def _check_no_overlap(buffers: tuple[Buffer, ...], offsets: Mapping[str, int]) -> None:
