@@ -111,8 +111,8 @@ _ORDERS = (("size, then longest lifetime", _size_lifetime), ("size, then id", _s
            ("size, then start", _size_start), ("start, then size", _start),
            ("area, then lifetime", _area), ("lifetime, then size", _lifetime))
 
-#: The portfolio, most often best first: every order with best fit and with first fit,
-#: then OLLA's pyramid pre-placement.
+#: The portfolio in the order it runs (the first is TFLite's greedy by size): every order
+#: with best fit, then with first fit, then OLLA's pyramid pre-placement.
 PORTFOLIO = (
     *(Greedy(f"greedy by {name}, {'best' if best else 'first'} fit", keys, best)
       for best in (True, False) for name, keys in _ORDERS),
