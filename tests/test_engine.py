@@ -107,6 +107,19 @@ def test_chain_peak_never_exceeds_budget_for_any_policy(policy):
     assert eng.used_bytes == resident_bytes(*xs)
 
 
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_lifted_budget_still_evicts_under_every_policy(policy):
+    """After the budget is lifted to a fungible pool (a session handing values back), a
+    read that needs room evicts as before, also for the policies that read addresses."""
+    n, k = 12, 2
+    eng = Engine(B * (1 + k), policy)
+    xs = chain(eng, n)
+    eng.lift_budget(B * (2 + k))
+    for j in (1, n // 2, n):
+        eng.get_value(xs[j])
+        assert xs[j].storage.resident and eng.used_bytes <= B * (2 + k)
+
+
 # ---------------------------------------------------------------------------------- release
 def test_release_without_dependents_frees_for_good():
     eng = Engine(math.inf, "lru")

@@ -108,6 +108,8 @@ class Coop(DTREq):
 
     def victims(self, pool: CandidatePool, clock: float, request: Storage) -> list[Storage]:
         alloc = self.engine.allocator
+        if not alloc.has_layout:  # a lifted budget is a fungible pool: no window to free
+            return [self.choose(pool, clock)]
         blocks = alloc.layout(request)
         run = self._window(pool, clock, blocks, alloc.block_bytes(request.nbytes))
         if run is None:
