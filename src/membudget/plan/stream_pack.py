@@ -11,15 +11,13 @@ by the independent multi-stream validator before it is returned.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from membudget.plan.packing.greedy import gap_offset
 from membudget.plan.stream_validate import validate_streams
 from membudget.plan.streams import Conflicts, StreamProgram, conflict_graph
-
-_TOP = np.iinfo(np.int64).max  # the gap above every placed tensor never ends
 
 
 @dataclass(frozen=True)
@@ -50,31 +48,14 @@ def _orders(c: Conflicts) -> dict[str, np.ndarray]:
     }
 
 
-def _first_fit(lengths: np.ndarray, size: int) -> int:
-    """Index of the lowest gap that holds ``size`` bytes (the last gap is unbounded)."""
-    return int(np.argmax(lengths >= size))
-
-
-def _best_fit(lengths: np.ndarray, size: int) -> int:
-    """Index of the smallest gap that holds ``size`` bytes, the lowest of equal ones."""
-    return int(np.argmin(np.where(lengths >= size, lengths, _TOP)))
-
-
-def place(c: Conflicts, order: np.ndarray,
-          fit: Callable[[np.ndarray, int], int]) -> np.ndarray:
-    """Offsets of the tensors of ``c`` placed one by one in ``order``, each in the gap
-    ``fit`` picks between the placed tensors it conflicts with."""
+def place(c: Conflicts, order: np.ndarray, best: bool) -> np.ndarray:
+    """Offsets of the tensors of ``c`` placed one by one in ``order``, each in the lowest
+    (or, ``best``, the tightest) gap between the placed tensors it conflicts with."""
     offsets = np.zeros(len(c.sizes), dtype=np.int64)
     placed = np.zeros(len(c.sizes), dtype=bool)
     for i in order:
         near = np.flatnonzero(c.matrix[i] & placed)
-        if near.size:
-            by_low = np.argsort(offsets[near], kind="stable")
-            low = offsets[near][by_low]
-            reach = np.maximum.accumulate(low + c.sizes[near][by_low])
-            starts = np.concatenate(([0], reach))
-            lengths = np.concatenate((low, [_TOP])) - starts
-            offsets[i] = starts[fit(lengths, int(c.sizes[i]))]
+        offsets[i] = gap_offset(offsets[near], c.sizes[near], int(c.sizes[i]), best)
         placed[i] = True
     return offsets
 
@@ -88,8 +69,8 @@ def plan_streams(program: StreamProgram, conflicts: Conflicts | None = None) -> 
     c = conflict_graph(program) if conflicts is None else conflicts
     results: list[tuple[int, int, str, np.ndarray]] = []  # height, rank, method, offsets
     for name, order in _orders(c).items():
-        for fit_name, fit in (("best fit", _best_fit), ("first fit", _first_fit)):
-            offsets = place(c, order, fit)
+        for fit_name, best in (("best fit", True), ("first fit", False)):
+            offsets = place(c, order, best)
             height = int((offsets + c.sizes).max()) if len(c.sizes) else 0
             results.append((height, len(results), f"greedy by {name}, {fit_name}", offsets))
         if min(results)[0] <= c.lower_bound:

@@ -34,24 +34,26 @@ def fit(inst: Instance, order: np.ndarray, best: bool = True,
             continue
         end = int(np.searchsorted(slo, hi_l[i]))
         conflict = np.flatnonzero(placed[:end] & (shi[:end] > lo_l[i]))
-        if len(conflict) == 0:
-            soff[k] = 0
-        else:
-            starts = soff[conflict]
-            s = np.argsort(starts, kind="stable")
-            starts = starts[s]
-            ends = np.maximum.accumulate(starts + ssize[conflict][s])
-            gap_lo = np.concatenate(([0], ends[:-1]))
-            gap = starts - gap_lo
-            fits = np.flatnonzero(gap >= size_l[i])
-            if len(fits) == 0:
-                soff[k] = ends[-1]
-            elif best:
-                soff[k] = gap_lo[fits[np.argmin(gap[fits])]]
-            else:
-                soff[k] = gap_lo[fits[0]]
+        soff[k] = gap_offset(soff[conflict], ssize[conflict], size_l[i], best)
         placed[k] = True
     return soff[where]
+
+
+def gap_offset(offsets: np.ndarray, sizes: np.ndarray, need: int, best: bool) -> int:
+    """Where a block of ``need`` bytes goes among blocks at ``offsets`` of ``sizes`` (in
+    any order, possibly overlapping): the lowest gap that holds it, or with ``best`` the
+    smallest such gap (the lowest of equal ones), else the top of them all."""
+    if not len(offsets):
+        return 0
+    k = np.argsort(offsets, kind="stable")
+    starts = offsets[k]
+    ends = np.maximum.accumulate(starts + sizes[k])
+    gap_lo = np.concatenate(([0], ends[:-1]))
+    gap = starts - gap_lo
+    fits = np.flatnonzero(gap >= need)
+    if not len(fits):
+        return int(ends[-1])
+    return int(gap_lo[fits[np.argmin(gap[fits])] if best else fits[0]])
 
 
 def pyramid(inst: Instance) -> dict[int, int]:
