@@ -200,6 +200,6 @@ def compare(program: StreamProgram, time_limit: float = 10.0) -> Comparison:
     serial_conflicts = conflict_graph(StreamProgram(graph, [0] * graph.n))
     serial_only = int(np.count_nonzero(safe_conflicts.matrix & ~serial_conflicts.matrix)) // 2
     safe = plan_streams(program, safe_conflicts)
-    return Comparison(len(problem), serial.height, problem.max_load(), serial.method,
+    return Comparison(len(problem), serial.height, serial.max_load, serial.method,
                       tuple(unsafe), _union_length([(p.low, p.high) for p in unsafe]),
                       serial_only, safe)

@@ -84,6 +84,7 @@ def pack(problem: Problem, capacity: int | None = None, time_limit: float = 10.0
     deadline = start + time_limit
     say = progress or (lambda _message: None)
     inst = Instance(problem)
+    max_load = problem.max_load()
     best, method, runs = np.zeros(0, dtype=np.int64), "nothing to place", []
     bound = inst.max_load()
     for packer, off in portfolio(inst, start + GREEDY_SHARE * time_limit):
@@ -94,15 +95,15 @@ def pack(problem: Problem, capacity: int | None = None, time_limit: float = 10.0
             break  # optimal: no packer can do better
     greedy_height = inst.bytes(inst.height(best))
     say(f"{method}: height {greedy_height:,} B ({len(runs)} greedy packers; max load "
-        f"{problem.max_load():,} B)")
+        f"{max_load:,} B)")
     solve = _Components(inst, best, method, solvers, options, say)
     target = None if capacity is None else capacity // inst.gcd - inst.floor
     solve.run(deadline, target)
     infeasible = solve.infeasible
     if infeasible:  # minimise with the time left
         solve.run(deadline, None)
-    return _result(problem, inst, solve, capacity, infeasible, greedy_height, tuple(runs),
-                   time.perf_counter() - start, time_limit)
+    return _result(problem, inst, solve, capacity, infeasible, max_load, greedy_height,
+                   tuple(runs), time.perf_counter() - start, time_limit)
 
 
 class _Components:
@@ -117,7 +118,6 @@ class _Components:
                       else [np.arange(len(inst))] if len(inst) else [])
         loads = [inst.part(p).max_load() for p in self.parts]
         self.lower = dict(enumerate(loads))  # proven lower bound of each part
-        self.optimal: set[int] = set()  # parts proven optimal
         self.method = {k: method for k in range(len(self.parts))}
         self.bound = max(loads, default=0)  # no packing of the whole is lower
         self.solvers, self.options, self.say = solvers, options, say
@@ -129,7 +129,12 @@ class _Components:
         """Height (units) of part k, or of the whole."""
         if k is None:
             return self.inst.height(self.offsets)
-        return self.inst.part(self.parts[k]).height(self.offsets[self.parts[k]])
+        part = self.parts[k]
+        return int((self.offsets[part] + self.inst.size[part]).max())
+
+    def optimal(self, k: int) -> bool:
+        """Whether part k is proven optimal (no packing of it is lower)."""
+        return self.height(k) <= self.lower[k]
 
     def run(self, deadline: float, target: int | None) -> None:
         """Search the parts above ``target`` (deciding) or above the best bound (minimising),
@@ -139,7 +144,7 @@ class _Components:
             return
         todo = [k for k in range(len(self.parts))
                 if self.height(k) > (self.bound if target is None else target)
-                and k not in self.optimal]
+                and not self.optimal(k)]
         left = sum(len(self.parts[k]) for k in todo)
         for k in sorted(todo, key=lambda k: -self.height(k)):
             now = time.perf_counter()
@@ -168,8 +173,6 @@ class _Components:
         if inc.infeasible and target is not None:  # nothing fits the target
             self.lower[k] = max(inc.lower, target + 1)
         self.bound = max(self.bound, self.lower[k])
-        if inc.proven_optimal:
-            self.optimal.add(k)
         return inc
 
     @property
@@ -177,7 +180,7 @@ class _Components:
         """Whether the whole is proven optimal: at the bound, or every part as high as the
         whole is proven optimal."""
         h = self.height()
-        return h <= self.bound or all(k in self.optimal for k in range(len(self.parts))
+        return h <= self.bound or all(self.optimal(k) for k in range(len(self.parts))
                                       if self.height(k) == h)
 
     def winner(self) -> str:
@@ -188,21 +191,22 @@ class _Components:
 
 
 def _result(problem: Problem, inst: Instance, solve: _Components, capacity: int | None,
-            infeasible: bool, greedy_height: int, runs: tuple[tuple[str, int], ...],
-            seconds: float, time_limit: float) -> PackResult:
+            infeasible: bool, max_load: int, greedy_height: int,
+            runs: tuple[tuple[str, int], ...], seconds: float,
+            time_limit: float) -> PackResult:
     """Check the packing independently and describe what is known about it."""
     offsets = inst.offsets(solve.offsets)
     height = validate(problem, offsets)
-    lower = max(problem.max_load(), inst.bytes(solve.bound) if len(inst) else 0)
+    lower = max(max_load, inst.bytes(solve.bound))
     if infeasible and capacity is not None:
         lower = max(lower, capacity + 1)
     optimal = height <= lower or solve.proven_optimal
     fits = capacity is None or height <= capacity
-    if height <= problem.max_load():
+    if height <= max_load:
         what = f"height {height:,} B is optimal (= max load)"
     elif optimal:
         what = f"height {height:,} B is optimal (exhaustive search; max load " \
-               f"{problem.max_load():,} B)"
+               f"{max_load:,} B)"
     else:
         what = (f"height {height:,} B, lower bound {lower:,} B (gap "
                 f"{height / lower - 1:.3%}): not proven optimal")
@@ -210,7 +214,7 @@ def _result(problem: Problem, inst: Instance, solve: _Components, capacity: int 
         if fits:
             what = f"fits capacity {capacity:,} B; {what}"
         elif infeasible:
-            why = "max load exceeds it" if problem.max_load() > capacity else \
+            why = "max load exceeds it" if max_load > capacity else \
                 "exhaustive search"
             what = f"proven: nothing fits capacity {capacity:,} B ({why}); best {what}"
         else:
@@ -227,7 +231,7 @@ def _result(problem: Problem, inst: Instance, solve: _Components, capacity: int 
                       greedy_height=greedy_height, proven_optimal=optimal,
                       proven_infeasible=infeasible, method=solve.winner(),
                       seconds=seconds, message=what, capacity=capacity,
-                      max_load=problem.max_load(), greedy=runs,
+                      max_load=max_load, greedy=runs,
                       searched=searched)
 
 
