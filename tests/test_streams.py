@@ -35,7 +35,7 @@ def one_interleaving_program(waits: tuple[tuple[int, int], ...] = ()) -> StreamP
 def test_the_validator_rejects_a_plan_safe_only_in_one_interleaving() -> None:
     program = one_interleaving_program()
     shared = {"0:A": 0, "1:B": 0}
-    serial = location_problem(program.graph, list(range(program.graph.n)))
+    serial = location_problem(program.graph)
     assert validate(serial, shared) == 64  # fine in the listed (serial) order
     with pytest.raises(UnsafeSharingError) as e:
         validate_streams(program, shared)
@@ -82,7 +82,7 @@ def test_ddp_step_serial_plan_is_unsafe_and_the_safe_plan_is_validated() -> None
     assert {program.streams[v] for v in range(g.n)} - {COMM} == {COMPUTE}
 
     c = compare(program, time_limit=2.0)
-    serial = location_problem(g, list(range(g.n)))
+    serial = location_problem(g)
     assert c.serial_max_load == serial.max_load() <= c.serial_arena
     assert c.unsafe and c.unsafe_bytes > 0 and c.serial_only >= len(c.unsafe)
     assert any("all_reduce" in p.reason and "(stream 'comm')" in p.reason for p in c.unsafe)
@@ -183,7 +183,7 @@ def test_the_validator_and_the_conflict_graph_agree_on_every_pair(program) -> No
 @given(stream_programs(max_streams=1))
 def test_on_one_stream_conflicts_are_the_serial_lifetimes_overlaps(program) -> None:
     g = program.graph
-    problem = location_problem(g, list(range(g.n)))
+    problem = location_problem(g)
     c = conflict_graph(program)
     assert c.ids == tuple(b.id for b in problem.buffers)
     bufs = problem.buffers

@@ -347,7 +347,7 @@ def plan(
     arena; print the recorded-order peak, planned peak, arena, lower bound and solve times."""
     from rich.table import Table
 
-    from membudget.plan.planner import plan_trace, recorded_problem
+    from membudget.plan.planner import plan_trace
     from membudget.trace import load_trace
 
     path = source
@@ -358,9 +358,11 @@ def plan(
             path = zoo_sources([source], batch, device_spec, progress, optimizer)[0]
     trace = load_trace(path)
     if export_problem is not None:
+        from membudget.plan.graph import from_trace
         from membudget.plan.minimalloc_csv import write_csv
+        from membudget.plan.planner import location_problem
 
-        problem = recorded_problem(trace)
+        problem = location_problem(from_trace(trace))
         write_csv(export_problem, problem)
         out.print(f"wrote {len(problem):,} buffers of {trace.name} (recorded order, max load "
                   f"{format_bytes(problem.max_load())}) to {export_problem}")

@@ -193,7 +193,7 @@ def compare(program: StreamProgram, time_limit: float = 10.0) -> Comparison:
     ``time_limit`` seconds) and safely (:func:`plan_streams`); find what the first shares
     unsafely with the independent validator."""
     graph = program.graph
-    problem = location_problem(graph, list(range(graph.n)))
+    problem = location_problem(graph)
     serial = pack(problem, time_limit=time_limit)
     unsafe = unsafe_pairs(program, serial.offsets)
     safe_conflicts = conflict_graph(program)

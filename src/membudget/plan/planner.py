@@ -10,7 +10,7 @@ PyTorch's CUDA caching allocator.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from membudget.plan.graph import LEAF, Graph, from_trace
@@ -65,9 +65,12 @@ class Plan:
         }
 
 
-def location_problem(graph: Graph, order: list[int]) -> Problem:
-    """The offset problem of ``order``: each tensor of size > 0 is a buffer live from its
-    source's step to its last sink's step (half-open: one past it); leaves the whole step."""
+def location_problem(graph: Graph, order: Sequence[int] | None = None) -> Problem:
+    """The offset problem of ``order`` (default: the recorded order, as the program ran):
+    each tensor of size > 0 is a buffer live from its source's step to its last sink's step
+    (half-open: one past it); leaves the whole step."""
+    if order is None:
+        order = range(graph.n)
     pos = {v: i for i, v in enumerate(order)}
     n = len(order)
     buffers = []
@@ -81,13 +84,6 @@ def location_problem(graph: Graph, order: list[int]) -> Problem:
             upper = n if t.to_end else max((pos[s] for s in t.sinks), default=lower) + 1
         buffers.append(Buffer(f"{k}:{t.name}", lower, upper, t.size))
     return Problem(tuple(buffers))
-
-
-def recorded_problem(trace: Trace) -> Problem:
-    """The offset problem of ``trace``'s step in the order it ran (half-open lifetimes at
-    storage level, leaves live throughout): what :func:`location_problem` packs, unplanned."""
-    graph = from_trace(trace)
-    return location_problem(graph, list(range(len(graph.ops))))
 
 
 def plan_trace(trace: Trace, time_limit: float = 30.0, solver: str | None = None,
