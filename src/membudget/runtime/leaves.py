@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from membudget.runtime.session import Session
 
 
-
 class Leaves:
     """The leaves of one session: by storage, dtype and view (``handle``), and the modules
     whose state was adopted."""
