@@ -404,3 +404,25 @@ def test_pack_command_keeps_its_time_limit_on_20000_buffers(tmp_path: Path) -> N
     assert "windowed CP-SAT" in result.output and "greedy packer" in result.output
     solved = read_csv(out)
     assert validate(solved) == int(result.output.split()[1].replace(",", ""))
+
+
+@pytest.mark.parametrize(("buffers", "what"), [(500, "canonical search by restarts"),
+                                               (EXACT_MAX_BUFFERS + 500, "windowed CP-SAT")])
+def test_ctrl_c_returns_the_best_packing_so_far(buffers: int, what: str) -> None:
+    """Ctrl-C during the search (in the race of solver threads, or between windows) stops
+    it: the best valid packing so far comes back, named as interrupted, with every solver
+    thread stopped."""
+    import _thread
+    import threading
+
+    p = perfect_problem(buffers, seed=11)
+    timer = threading.Timer(2.0, _thread.interrupt_main)
+    timer.start()
+    try:
+        r = pack(p, time_limit=60)
+    finally:
+        timer.cancel()
+    assert r.interrupted and "interrupted after" in r.message and r.seconds < 10
+    assert what in r.searched
+    assert validate(p, r.offsets) == r.height <= r.greedy_height
+    assert not any(t.daemon and t.is_alive() for t in threading.enumerate())

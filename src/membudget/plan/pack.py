@@ -40,7 +40,8 @@ class PackResult:
     """A packing and what is known about it (all sizes in bytes, time in seconds).
 
     ``lower_bound`` is the best proven bound: the max load, or higher once a search has
-    ruled out every height below it. ``greedy`` lists each greedy packer that ran with its
+    ruled out every height below it. ``interrupted``: Ctrl-C stopped the run, which
+    returned its best packing so far. ``greedy`` lists each greedy packer that ran with its
     height; ``searched`` says what searched after them (empty when the greedy packing
     needed no search or no time was left)."""
 
@@ -57,6 +58,7 @@ class PackResult:
     max_load: int = 0
     greedy: tuple[tuple[str, int], ...] = ()
     searched: str = ""
+    interrupted: bool = False
 
     @property
     def fits(self) -> bool:
@@ -87,23 +89,33 @@ def pack(problem: Problem, capacity: int | None = None, time_limit: float = 10.0
     max_load = problem.max_load()
     best, method, runs = np.zeros(0, dtype=np.int64), "nothing to place", []
     bound = inst.max_load()
-    for packer, off in portfolio(inst, start + GREEDY_SHARE * time_limit):
-        runs.append((packer.name, inst.bytes(inst.height(off))))
-        if not len(best) or inst.height(off) < inst.height(best):
-            best, method = off, packer.name
-        if inst.height(best) <= bound:
-            break  # optimal: no packer can do better
+    interrupted = False
+    try:
+        for packer, off in portfolio(inst, start + GREEDY_SHARE * time_limit):
+            runs.append((packer.name, inst.bytes(inst.height(off))))
+            if not len(best) or inst.height(off) < inst.height(best):
+                best, method = off, packer.name
+            if inst.height(best) <= bound:
+                break  # optimal: no packer can do better
+    except KeyboardInterrupt:
+        if not runs:
+            raise  # nothing to return yet
+        interrupted = True
     greedy_height = inst.bytes(inst.height(best))
     say(f"{method}: height {greedy_height:,} B ({len(runs)} greedy packers; max load "
         f"{max_load:,} B)")
     solve = _Components(inst, best, method, solvers, options, say)
     target = None if capacity is None else capacity // inst.gcd - inst.floor
-    solve.run(deadline, target)
+    try:
+        if not interrupted:
+            solve.run(deadline, target)
+            if solve.infeasible:  # minimise with the time left
+                solve.run(deadline, None)
+    except KeyboardInterrupt:  # Ctrl-C: the best packing found so far, said to be that
+        interrupted = True
     infeasible = solve.infeasible
-    if infeasible:  # minimise with the time left
-        solve.run(deadline, None)
     return _result(problem, inst, solve, capacity, infeasible, max_load, greedy_height,
-                   tuple(runs), time.perf_counter() - start, time_limit)
+                   tuple(runs), time.perf_counter() - start, time_limit, interrupted)
 
 
 class _Components:
@@ -162,17 +174,21 @@ class _Components:
         sub = self.inst.part(part)
         inc = Incumbent(sub, self.offsets[part], self.method[k], self.lower[k], target,
                         enough=self.bound, progress=self.say)
-        if len(sub) <= EXACT_MAX_BUFFERS:
-            self.ran.update(race(inc, deadline, self.solvers, self.options, self.say))
-        elif not inc.done.is_set() and "cp-sat" in self.solvers:
-            self.say(f"windowed CP-SAT on a part of {len(sub):,} buffers")
-            self.windows += windows.improve(inc, deadline)
-        self.offsets[part] = inc.offsets
-        self.method[k] = inc.method
-        self.lower[k] = inc.lower
-        if inc.infeasible and target is not None:  # nothing fits the target
-            self.lower[k] = max(inc.lower, target + 1)
-        self.bound = max(self.bound, self.lower[k])
+        try:
+            if len(sub) <= EXACT_MAX_BUFFERS:
+                race(inc, deadline, self.solvers, self.options, self.say)
+            elif not inc.done.is_set() and "cp-sat" in self.solvers:
+                self.say(f"windowed CP-SAT on a part of {len(sub):,} buffers")
+                windows.improve(inc, deadline)
+        finally:  # also when interrupted: what was found is valid
+            self.ran.update(inc.ran)
+            self.windows += inc.windows
+            self.offsets[part] = inc.offsets
+            self.method[k] = inc.method
+            self.lower[k] = inc.lower
+            if inc.infeasible and target is not None:  # nothing fits the target
+                self.lower[k] = max(inc.lower, target + 1)
+            self.bound = max(self.bound, self.lower[k])
         return inc
 
     @property
@@ -192,8 +208,8 @@ class _Components:
 
 def _result(problem: Problem, inst: Instance, solve: _Components, capacity: int | None,
             infeasible: bool, max_load: int, greedy_height: int,
-            runs: tuple[tuple[str, int], ...], seconds: float,
-            time_limit: float) -> PackResult:
+            runs: tuple[tuple[str, int], ...], seconds: float, time_limit: float,
+            interrupted: bool) -> PackResult:
     """Check the packing independently and describe what is known about it."""
     offsets = inst.offsets(solve.offsets)
     height = validate(problem, offsets)
@@ -221,18 +237,20 @@ def _result(problem: Problem, inst: Instance, solve: _Components, capacity: int 
             what = (f"no packing within capacity {capacity:,} B found in {time_limit:g} s "
                     f"(not proven impossible); best {what}")
     searched = ", ".join(sorted(solve.ran) + (
-        [f"windowed CP-SAT ({solve.windows:,} windows)"] if solve.windows else []))
+        [f"windowed CP-SAT ({solve.windows:,} window(s))"] if solve.windows else []))
     what += f"; {len(runs)} greedy packer(s)" + (f", then {searched}" if searched else "")
     if len(solve.parts) > 1:
         what += f" on {len(solve.parts):,} independent parts"
-    if not optimal and seconds >= time_limit:
+    if interrupted:
+        what += f" (interrupted after {seconds:.1f} s: the best packing found so far)"
+    elif not optimal and seconds >= time_limit:
         what += f" (time limit {time_limit:g} s reached)"
     return PackResult(offsets=offsets, height=height, lower_bound=lower,
                       greedy_height=greedy_height, proven_optimal=optimal,
                       proven_infeasible=infeasible, method=solve.winner(),
                       seconds=seconds, message=what, capacity=capacity,
-                      max_load=max_load, greedy=runs,
-                      searched=searched)
+                      max_load=max_load, greedy=runs, searched=searched,
+                      interrupted=interrupted)
 
 
 def pack_file(path: str | Path, capacity: int | None = None, time_limit: float = 10.0,

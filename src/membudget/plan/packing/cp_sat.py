@@ -27,6 +27,9 @@ class CpSat:
         self.hint = hint
         self.solver = cp_model.CpSolver()
         self.solver.parameters.num_workers = workers
+        # Ctrl-C is ours to handle: CP-SAT's own handler swallows it in the main thread
+        # and aborts the process from another (std::bad_function_call)
+        self.solver.parameters.catch_sigint_signal = False
         self.watch: Callable[[], bool] | None = None
 
     def __call__(self, goal: int, stop: Stop) -> np.ndarray | None:

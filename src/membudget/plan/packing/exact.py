@@ -51,6 +51,8 @@ class Incumbent:
         self.enough = enough
         self.infeasible = False
         self.progress = progress
+        self.ran: list[str] = []  # the searches started on it, as messages name them
+        self.windows = 0  # windows tried by the windowed search
         self._check()
 
     def offer(self, off: np.ndarray, method: str) -> None:
@@ -133,18 +135,20 @@ def _probe(name: str, strategy: Strategy, inc: Incumbent, deadline: float,
 
 
 def race(inc: Incumbent, deadline: float, solvers: Sequence[str] = SOLVERS,
-         options: Options = DEFAULT_OPTIONS, progress: Progress | None = None) -> list[str]:
+         options: Options = DEFAULT_OPTIONS, progress: Progress | None = None) -> None:
     """CP-SAT beside the canonical searches (sharing one core) until one settles the
-    question or the deadline passes; returns the names of the solvers that ran."""
+    question or the deadline passes (or Ctrl-C: every solver thread has stopped when it
+    propagates); ``inc.ran`` names the solvers started."""
     inst = inc.inst
     if inc.done.is_set() or time.perf_counter() >= deadline or not len(inst):
-        return []
+        return
     searches = [name for name in SOLVERS[1:] if name in solvers]
     cp_sat = CpSat(inst, workers=max(1, (os.cpu_count() or 2) - (1 if searches else 0)))
     cp_sat.solver.parameters.max_time_in_seconds = max(deadline - time.perf_counter(), 0.01)
     ran = ([f"CP-SAT ({cp_sat.solver.parameters.num_workers} worker(s))"]
            if "cp-sat" in solvers else []) + [f"canonical search by {name}"
                                               for name in searches]
+    inc.ran += ran
     if progress is not None:
         progress(f"exact search on {len(inst):,} buffers: " + ", ".join(ran))
     errors: list[BaseException] = []
@@ -178,6 +182,9 @@ def race(inc: Incumbent, deadline: float, solvers: Sequence[str] = SOLVERS,
     finally:
         inc.done.set()
         cp_sat.solver.stop_search()
+        for thread in threads:  # a solver thread alive at exit aborts the process
+            while thread.is_alive():
+                cp_sat.solver.stop_search()
+                thread.join(0.05)
     if errors:
         raise errors[0]
-    return ran

@@ -21,26 +21,24 @@ BANDS = (150, 300, 600)
 WINDOW_SECONDS = 2.0
 
 
-def improve(inc: Incumbent, deadline: float) -> int:
-    """Lower the incumbent until it is settled or the deadline passes; returns how many
-    windows were tried. Each round re-packs a band around one of the highest buffers;
+def improve(inc: Incumbent, deadline: float) -> None:
+    """Lower the incumbent until it is settled or the deadline passes, counting the windows
+    tried in ``inc.windows``. Each round re-packs a band around one of the highest buffers;
     bands are drawn at random, so one that failed may work next time."""
     inst = inc.inst
     off = inc.offsets.copy()
     rng = np.random.default_rng(0)
-    tried = 0
     while not inc.done.is_set() and time.perf_counter() < deadline:
         height = inst.height(off)
         tops = off + inst.size
         i = int(rng.choice(np.flatnonzero(tops == height)))
+        inc.windows += 1
         new = _window(inst, off, i, int(rng.choice(BANDS)), deadline, rng)
-        tried += 1
         if new is None or (new[1] + inst.size[new[0]]).max(initial=0) > height:
             continue
         off[new[0]] = new[1]
         if inst.height(off) < height:
             inc.offer(off.copy(), "windowed CP-SAT")  # which reports it
-    return tried
 
 
 def _window(inst: Instance, off: np.ndarray, i: int, band: int, deadline: float,
