@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from membudget.core.engine import Engine
 from membudget.core.records import Tensor
@@ -20,18 +21,37 @@ from membudget.trace.format import (
 )
 
 
-def replay(engine: Engine, events: Iterable[Event], source: object = "<trace>") -> None:
+class CallHooks(Protocol):
+    """What a replay tells an observer about each call: ``k`` counts the trace's calls from 0
+    (the same index in a live step, so a plan made on a trace applies to the live run)."""
+
+    def before_call(self, k: int) -> None:
+        """Call ``k`` is about to run."""
+
+    def after_call(self, k: int, results: list[Tensor]) -> None:
+        """Call ``k`` ran: its outputs, then the new versions of the inputs it wrote."""
+
+
+def replay(engine: Engine, events: Iterable[Event], source: object = "<trace>",
+           hooks: CallHooks | None = None) -> dict[int, Tensor]:
     """Run every event on ``engine``, then materialize every value the program still holds
-    (a step's outputs and gradients are read after it; an evicted one must be recomputed)."""
+    (a step's outputs and gradients are read after it; an evicted one must be recomputed).
+    Returns those values by trace id."""
     handles: dict[int, Tensor] = {}
     ev: Event = ("", None)
+    k = -1
     try:
         for ev in events:
             kind = ev[0]
             if kind is CALL or kind == CALL:
                 _, _, op, ins, outs, nbytes, alias, cost, mut = ev
                 inputs = [handles[i] for i in ins]
+                k += 1
+                if hooks is not None:
+                    hooks.before_call(k)
                 results = engine.apply(op, inputs, nbytes, alias, cost, mut)
+                if hooks is not None:
+                    hooks.after_call(k, results)
                 for tid, t in zip(outs, results, strict=False):
                     handles[tid] = t
                 for j, idx in enumerate(mut):  # copy-on-write: rebind, then drop the old
@@ -69,3 +89,4 @@ def replay(engine: Engine, events: Iterable[Event], source: object = "<trace>") 
     for t in handles.values():
         if not t.defined:
             engine.get_value(t)
+    return handles

@@ -12,7 +12,13 @@ from membudget.core.allocators import make_allocator
 from membudget.core.engine import INPLACE_MODES, Engine
 from membudget.core.policies import make_policy
 from membudget.errors import MembudgetError, OutOfBudget, Thrashed
-from membudget.sim.replay import replay
+from membudget.sim.evictions import (
+    DecisionRecorder,
+    EvictionPlan,
+    PlanFollower,
+    recording_policy,
+)
+from membudget.sim.replay import CallHooks, replay
 from membudget.trace.format import Trace
 
 SEMANTICS = ("membudget", "simrd")
@@ -58,9 +64,13 @@ class SimResult:
     needed_bytes: int | None = None  # with "oom": the budget the failing allocation needed
     message: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # with record_plan: the policy's decisions as a plan that replays them (not in the JSON)
+    eviction_plan: EvictionPlan | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        del out["eviction_plan"]
+        return out
 
 
 def check_config(policy: str, allocator: str | None = None, inplace: str | None = None,
@@ -95,11 +105,14 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
              overhead_limit: float | None = DEFAULT_OVERHEAD_LIMIT,
              baseline: Baseline | None = None, seed: int = 0, allocator: str | None = None,
              inplace: str | None = None, policy_options: dict[str, Any] | None = None,
-             on_engine: Callable[[Engine], object] | None = None) -> SimResult:
+             on_engine: Callable[[Engine], object] | None = None,
+             plan: EvictionPlan | None = None, record_plan: bool = False) -> SimResult:
     """Replay ``trace`` under a budget (bytes, or ``ratio`` × the baseline peak) with ``policy``
     on ``allocator``'s pool, handling in-place writes by ``inplace`` (both default to what the
     policy was published with). ``on_engine`` sees the engine before the replay (to attach
-    a recorder).
+    a recorder). ``plan`` evicts what it lists before each call, and ``policy`` decides only
+    what it leaves open; ``record_plan`` returns the run's decisions as a plan
+    (``eviction_plan``) that replays them.
 
     The run ends "ok", "oom" (nothing evictable was left for an allocation) or "thrashed"
     (recomputation cost more than ``overhead_limit - 1`` times the baseline cost).
@@ -116,15 +129,20 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
         budget = int(base.peak_bytes * ratio)
     assert budget is not None
     limit = math.inf if overhead_limit is None else base.cost * (overhead_limit - 1)
-    engine = Engine(budget, make_policy(policy, seed=seed, **(policy_options or {})),
-                    allocator, remat_cost_limit=limit, free_dead=semantics == "membudget",
+    if plan is not None and record_plan:
+        raise MembudgetError("give a plan to follow or record_plan, not both")
+    pol = make_policy(policy, seed=seed, **(policy_options or {}))
+    recorder = DecisionRecorder(recording_policy(pol)) if record_plan else None
+    engine = Engine(budget, pol if recorder is None else recorder.policy, allocator,
+                    remat_cost_limit=limit, free_dead=semantics == "membudget",
                     inplace=inplace, seed=seed)
+    hooks: CallHooks | None = recorder or (PlanFollower(engine, plan) if plan else None)
     if on_engine is not None:
         on_engine(engine)
     status, needed, message = "ok", None, ""
     t0 = time.perf_counter()
     try:
-        replay(engine, trace.events, trace.path)
+        replay(engine, trace.events, trace.path, hooks)
     except OutOfBudget as e:
         status, needed, message = "oom", e.needed_bytes, str(e)
     except Thrashed as e:
@@ -144,4 +162,5 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
         ops_per_s=executed_ops / wall if wall > 0 else 0.0, needed_bytes=needed,
         message=message, extra={"inplace_reuses": st.inplace_reuses,
                                 "inplace_copies": st.inplace_copies,
-                                "failed_allocations": st.failed_allocations})
+                                "failed_allocations": st.failed_allocations},
+        eviction_plan=recorder.plan(policy) if recorder is not None else None)

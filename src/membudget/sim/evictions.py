@@ -1,0 +1,159 @@
+"""Eviction plans: which values to evict before which call, decided ahead of a run.
+
+A plan names a value by where the step made it: ``(call, slot)``, the call's index among
+the step's calls and the output's position (a written input's new version comes after the
+outputs, as the engine returns them). The index is the same in a trace and in the live step
+it was recorded from, so one plan drives the simulator and the live runtime alike. Whatever
+a plan leaves unsaid (an allocation that still does not fit) the engine's policy decides.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from membudget.core.engine import Engine
+from membudget.core.policies import Policy, make_policy
+from membudget.core.pool import CandidatePool
+from membudget.core.records import Storage, Tensor
+from membudget.errors import MembudgetError
+
+ValueKey = tuple[int, int]  # (call index in the step, output slot)
+
+
+@dataclass
+class EvictionPlan:
+    """``before[k]``: the values to evict just before call ``k`` runs, in that order."""
+
+    before: dict[int, list[ValueKey]] = field(default_factory=dict)
+    source: str = ""  # what made it: a policy's name, "optimum", a baseline's name
+
+    @property
+    def evictions(self) -> int:
+        return sum(len(v) for v in self.before.values())
+
+    def values(self) -> set[ValueKey]:
+        """Every value the plan evicts at least once."""
+        return {key for keys in self.before.values() for key in keys}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source,
+                "before": {str(k): [list(v) for v in vs] for k, vs in sorted(self.before.items())}}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> EvictionPlan:
+        try:
+            before = {int(k): [(int(c), int(s)) for c, s in vs]
+                      for k, vs in obj["before"].items()}
+        except (KeyError, TypeError, ValueError) as e:
+            raise MembudgetError(
+                f"not an eviction plan ({e}); expected "
+                '{"source": ..., "before": {"CALL": [[CALL, SLOT], ...]}}') from None
+        return cls(before, str(obj.get("source", "")))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> EvictionPlan:
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+
+class PlanFollower:
+    """Replay hooks that carry out a plan: before each call, evict what the plan lists there
+    that is still resident and evictable (a value already gone is skipped, not an error)."""
+
+    def __init__(self, engine: Engine, plan: EvictionPlan) -> None:
+        self.engine = engine
+        self.plan = plan
+        self.wanted = plan.values()
+        self.made: dict[ValueKey, Tensor] = {}  # only the values the plan names
+        self.evicted = 0
+
+    def before_call(self, k: int) -> None:
+        keys = self.plan.before.get(k)
+        if keys:
+            made, evict = self.made, self.engine.evict
+            for key in keys:
+                t = made.get(key)
+                if t is not None and t.storage.resident and evict(t):
+                    self.evicted += 1
+
+    def after_call(self, k: int, results: list[Tensor]) -> None:
+        if not self.wanted:
+            return
+        for j, t in enumerate(results):
+            if (k, j) in self.wanted:
+                self.made[(k, j)] = t
+
+
+class _Recording(Policy):
+    """Wraps a policy and notes each victim it picks, as the value it is and the call the
+    replay was about to run (or running) when it was picked."""
+
+    name = "recording"
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner = inner
+        self.call = 0
+        self.keys: dict[Storage, ValueKey] = {}
+        self.before: dict[int, list[ValueKey]] = defaultdict(list)
+
+    def attach(self, engine: Engine) -> None:
+        self.engine = engine
+        self.inner.attach(engine)
+
+    def choose(self, pool: CandidatePool, clock: float) -> Storage:
+        return self.inner.choose(pool, clock)
+
+    def victims(self, pool: CandidatePool, clock: float, request: Storage) -> list[Storage]:
+        chosen = self.inner.victims(pool, clock, request)
+        for s in chosen:
+            key = self.keys.get(s)
+            if key is not None:
+                self.before[self.call].append(key)
+        return chosen
+
+    def on_evict(self, s: Storage) -> None:
+        self.inner.on_evict(s)
+
+    def on_remat(self, s: Storage) -> None:
+        self.inner.on_remat(s)
+
+    def on_forget(self, s: Storage) -> None:
+        self.inner.on_forget(s)
+
+
+def recording_policy(policy: str | Policy, seed: int = 0) -> _Recording:
+    """``policy`` wrapped so that its victims are noted; it keeps the policy's defaults."""
+    inner = make_policy(policy, seed=seed) if isinstance(policy, str) else policy
+    cls = type(f"Recording_{type(inner).__name__}", (_Recording,), {
+        "needs_layout": inner.needs_layout, "reads_free_adj": inner.reads_free_adj,
+        "default_allocator": inner.default_allocator,
+        "default_inplace": inner.default_inplace})
+    return cls(inner)
+
+
+class DecisionRecorder:
+    """Replay hooks that turn a policy's run into a plan (see :func:`membudget.sim.simulate`
+    with ``record_plan=True``): every victim becomes an eviction before the call it was
+    picked for. Eager evictions of released values are the engine's, not the plan's."""
+
+    def __init__(self, policy: _Recording) -> None:
+        self.policy = policy
+
+    def before_call(self, k: int) -> None:
+        self.policy.call = k
+
+    def after_call(self, k: int, results: list[Tensor]) -> None:
+        keys = self.policy.keys
+        for j, t in enumerate(results):
+            s = t.storage
+            if not t.alias and s not in keys:
+                keys[s] = (k, j)
+
+    def plan(self, source: str) -> EvictionPlan:
+        return EvictionPlan({k: list(v) for k, v in self.policy.before.items() if v}, source)
