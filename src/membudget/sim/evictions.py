@@ -82,7 +82,7 @@ class PlanFollower:
                 if t is not None and t.storage.resident and evict(t):
                     self.evicted += 1
 
-    def after_call(self, k: int, results: list[Tensor]) -> None:
+    def after_call(self, k: int, inputs: list[Tensor], results: list[Tensor]) -> None:
         if not self.wanted:
             return
         for j, t in enumerate(results):
@@ -148,7 +148,7 @@ class DecisionRecorder:
     def before_call(self, k: int) -> None:
         self.policy.call = k
 
-    def after_call(self, k: int, results: list[Tensor]) -> None:
+    def after_call(self, k: int, inputs: list[Tensor], results: list[Tensor]) -> None:
         keys = self.policy.keys
         for j, t in enumerate(results):
             s = t.storage

@@ -28,8 +28,9 @@ class CallHooks(Protocol):
     def before_call(self, k: int) -> None:
         """Call ``k`` is about to run."""
 
-    def after_call(self, k: int, results: list[Tensor]) -> None:
-        """Call ``k`` ran: its outputs, then the new versions of the inputs it wrote."""
+    def after_call(self, k: int, inputs: list[Tensor], results: list[Tensor]) -> None:
+        """Call ``k`` ran on ``inputs``: its outputs, then the new versions of the inputs it
+        wrote."""
 
 
 def replay(engine: Engine, events: Iterable[Event], source: object = "<trace>",
@@ -51,7 +52,7 @@ def replay(engine: Engine, events: Iterable[Event], source: object = "<trace>",
                     hooks.before_call(k)
                 results = engine.apply(op, inputs, nbytes, alias, cost, mut)
                 if hooks is not None:
-                    hooks.after_call(k, results)
+                    hooks.after_call(k, inputs, results)
                 for tid, t in zip(outs, results, strict=False):
                     handles[tid] = t
                 for j, idx in enumerate(mut):  # copy-on-write: rebind, then drop the old
