@@ -142,6 +142,79 @@ def simulate(
 
 
 @app.command()
+def optimum(
+    trace: Annotated[str, typer.Argument(help="A membudget trace or a DTR log "
+                                              "(archive.zip::member).")],
+    ratio: Annotated[float | None, typer.Option(help="Budget as a fraction of the "
+                                                     "unconstrained peak.")] = None,
+    budget: Annotated[str | None, typer.Option(help="Budget in bytes (units allowed: "
+                                                    "6GB, 1.5 GiB).")] = None,
+    time_limit: Annotated[float, typer.Option(help="Seconds for the whole search (about).")]
+    = 60.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    plan_out: Annotated[Path | None, typer.Option(help="Write the best schedule as an "
+                                                       "eviction plan (JSON).")] = None,
+) -> None:
+    """The least recomputation any schedule of TRACE needs under a budget: a proven lower
+    bound and the best schedule found, with the gap between them.
+
+    - **Bounds**: a gap relaxation (every size) and Checkmate's MILP (Jain et al., MLSys'20;
+      with memory relaxed so that its dual bound is a bound), both solved with HiGHS; the
+      MILP runs on steps small enough for it (see the README).
+    - **Schedules**: the DTR family's decisions, Checkmate's schedule and the relaxation's,
+      each run by the simulator as an eviction plan (on the fungible pool, copy-on-write),
+      so the overhead is the simulator's: executed cost / baseline cost - 1.
+
+    "optimal" when they meet; otherwise the gap is (overhead - bound) / overhead. Exit 1
+    when no schedule fits (with the least budget the bound admits)."""
+    from membudget.plan.optimum import BudgetInfeasible
+    from membudget.plan.optimum import optimum as solve
+    from membudget.trace import load_trace
+
+    if (ratio is None) == (budget is None):
+        raise typer.BadParameter("give exactly one of --ratio and --budget")
+    if not time_limit > 0:
+        raise typer.BadParameter(f"--time-limit must be > 0 seconds, got {time_limit}")
+    try:
+        nbytes = None if budget is None else parse_bytes(budget)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    tr = load_trace(trace)
+    try:
+        with err.status(f"optimum of {tr.name}") as status:
+            r = solve(tr, budget=nbytes, ratio=ratio, time_limit=time_limit,
+                      progress=lambda m: status.update(f"optimum of {tr.name}: {m}"))
+    except BudgetInfeasible as e:
+        if as_json:
+            print(json.dumps({"status": "infeasible", "budget_bytes": e.budget,
+                              "min_budget_bytes": e.minimum, "message": str(e)}))
+        else:
+            err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(1) from None
+    if plan_out is not None and r.plan is not None:
+        r.plan.save(plan_out)
+    if as_json:
+        print(json.dumps(r.to_json()))
+    else:
+        pct = lambda x: "—" if x is None else f"{100 * x:.2f}%"  # noqa: E731
+        out.print(f"[bold]{r.trace}[/] · budget {format_bytes(r.budget_bytes)} "
+                  f"(baseline peak {format_bytes(r.baseline_peak_bytes)})")
+        out.print(f"status       {r.status}" + (" (time limit reached)" if r.timed_out else ""))
+        out.print(f"overhead     {pct(r.overhead)}  (best schedule: {r.best or 'none'})")
+        out.print(f"lower bound  {pct(r.lower_bound)}  ("
+                  + ", ".join(f"{k} {pct(v)}" for k, v in r.bounds.items()) + ")")
+        out.print(f"gap          {pct(r.gap)}")
+        out.print("schedules    " + ", ".join(
+            f"{c.source} {pct(c.overhead) if c.overhead is not None else c.status}"
+            for c in r.candidates))
+        out.print(f"time         {r.seconds:.1f} s")
+        if plan_out is not None and r.plan is not None:
+            out.print(f"wrote        {plan_out}")
+    if r.overhead is None:
+        raise typer.Exit(1)
+
+
+@app.command()
 def sweep(
     traces: Annotated[list[str], typer.Argument(help="Traces or DTR logs; a .zip stands for "
                                                      "all its logs.")],

@@ -10,9 +10,11 @@ its rival library is already loaded in this one.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -102,6 +104,24 @@ def _solve_cpsat(mip: Mip, values: list[int], time_limit: float, gap: int,
             math.ceil(s.best_objective_bound - 1e-6))
 
 
+def new_highs() -> Any:
+    """A silent HiGHS instance. The first one made in a process prints a banner to the C
+    stdout, which would corrupt ``--json`` output: that one is made with stdout closed."""
+    import highspy
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            h = highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    h.silent()
+    return h
+
+
 def _solve_highs(mip: Mip, values: list[int], time_limit: float, gap: int,
                  report: Report | None) -> Solution:
     import highspy
@@ -124,8 +144,7 @@ def _solve_highs(mip: Mip, values: list[int], time_limit: float, gap: int,
     lp.a_matrix_.index_ = np.fromiter((i for r in rows for i in r[0]), dtype=np.int32)
     lp.a_matrix_.value_ = np.fromiter((c for r in rows for c in r[1]), dtype=float)
     lp.integrality_ = [highspy.HighsVarType.kInteger] * n
-    h = highspy.Highs()
-    h.silent()
+    h = new_highs()
     h.passModel(lp)
     h.setOptionValue("time_limit", time_limit)
     h.setOptionValue("mip_rel_gap", 0.0)

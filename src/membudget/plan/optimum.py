@@ -1,0 +1,164 @@
+"""The least recomputation any schedule of a recorded step needs under a budget.
+
+Two sides, each proven by its own means:
+
+- *lower bounds*: the gap relaxation (``remat_bound``, every size) and Checkmate's MILP
+  (``checkmate``, with memory relaxed so its dual bound is a bound; run where it is small
+  enough to help within the time limit). The best of them is ``lower_bound``.
+- *schedules*: every candidate is an eviction plan run by the simulator (the budget holds
+  at every op, or the run does not count), so its overhead is the simulator's own. The
+  candidates are the DTR family's decisions, Checkmate's schedule and the relaxation's.
+  The cheapest is ``overhead``.
+
+``proven`` when they meet. Overheads are the simulator's: executed cost over the baseline
+cost, minus one, on the fungible pool with copy-on-write writes (the ideal pool: the limit
+for every address-ordered method too).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from membudget.errors import MembudgetError
+from membudget.plan import checkmate
+from membudget.plan.remat_bound import lower_bound as relaxation_bound
+from membudget.plan.remat_problem import RematProblem, remat_problem
+from membudget.sim.evictions import EvictionPlan
+from membudget.sim.simulate import Baseline, measure_baseline, simulate
+from membudget.trace.format import Trace
+
+# the heuristics whose schedules are candidates (on the fungible pool)
+CANDIDATE_POLICIES = ("dtr-eq", "dtr", "dtr-local", "msps")
+CHECKMATE_MAX_VARIABLES = 400_000  # above this its program does not help within minutes
+PROVEN_GAP = 1e-6
+
+
+class BudgetInfeasible(MembudgetError):
+    """No schedule fits: the message states the least budget that can."""
+
+    def __init__(self, budget: int, minimum: int) -> None:
+        from membudget.units import format_bytes
+
+        super().__init__(f"no schedule fits {format_bytes(budget)}: one op needs at least "
+                         f"{format_bytes(minimum)} resident (its inputs, outputs and what "
+                         f"nothing may evict); give --budget {minimum} or more")
+        self.budget = budget
+        self.minimum = minimum
+
+
+@dataclass
+class Candidate:
+    """One schedule tried: where it came from and what the simulator made of it."""
+
+    source: str
+    status: str  # the simulator's: ok, oom, thrashed
+    overhead: float | None
+
+
+@dataclass
+class OptimumResult:
+    """What ``membudget optimum --json`` prints (``plan`` is left out of the JSON)."""
+
+    trace: str
+    budget_bytes: int
+    ratio: float | None
+    baseline_cost: float
+    baseline_peak_bytes: int
+    status: str  # optimal | feasible (a schedule and a bound) | no-schedule (a bound only)
+    overhead: float | None  # the best schedule's overhead
+    lower_bound: float  # proven: no schedule has a smaller overhead
+    proven: bool
+    gap: float | None  # (overhead - lower_bound) / overhead, 0 when both are 0
+    best: str | None  # the source of the best schedule
+    seconds: float
+    timed_out: bool
+    min_budget_bytes: int  # below this no schedule fits
+    bounds: dict[str, float] = field(default_factory=dict)  # each bound's overhead
+    candidates: list[Candidate] = field(default_factory=list)
+    plan: EvictionPlan | None = field(default=None, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        del out["plan"]
+        return out
+
+
+def _plan_from_drops(drops: list) -> EvictionPlan:
+    before: dict[int, list[tuple[int, int]]] = {}
+    for d in drops:
+        before.setdefault(math.floor(d.start) + 1, []).append((d.value.call, d.value.slot))
+    return EvictionPlan(before, "relaxation")
+
+
+def optimum(trace: Trace, *, budget: int | None = None, ratio: float | None = None,
+            time_limit: float = 60.0, problem: RematProblem | None = None,
+            baseline: Baseline | None = None,
+            progress: Callable[[str], object] | None = None) -> OptimumResult:
+    """Bound and approach the least overhead of ``trace`` under ``budget`` bytes (or
+    ``ratio`` × its baseline peak) within about ``time_limit`` seconds."""
+    if (ratio is None) == (budget is None):
+        raise MembudgetError("give exactly one of ratio and budget")
+    if ratio is not None and not ratio > 0:
+        raise MembudgetError(f"ratio must be > 0, got {ratio}")
+    if not time_limit > 0:
+        raise MembudgetError(f"time limit must be > 0 seconds, got {time_limit}")
+    tell = progress or (lambda _msg: None)
+    t0 = time.perf_counter()
+    base = baseline or measure_baseline(trace)
+    prob = problem or remat_problem(trace)
+    if ratio is not None:
+        budget = int(base.peak_bytes * ratio)
+    assert budget is not None
+    deadline = t0 + time_limit
+    tell("bounding: the gap relaxation")
+    relax = relaxation_bound(prob, budget, time_limit=max(0.5, 0.25 * time_limit))
+    if not relax.feasible:
+        raise BudgetInfeasible(budget, relax.min_budget)
+    cost = base.cost or 1.0
+    bounds = {"relaxation": relax.cost / cost}
+    timed_out = not relax.exact
+    candidates: list[Candidate] = []
+    plans: dict[str, EvictionPlan] = {}
+
+    def run(source: str, plan: EvictionPlan | None, policy: str = "dtr-eq") -> None:
+        r = simulate(trace, policy, budget=budget, baseline=base, allocator="fungible",
+                     inplace="cow", plan=plan, record_plan=plan is None)
+        candidates.append(Candidate(source, r.status, r.overhead if r.status == "ok" else None))
+        if r.status == "ok":
+            plans[source] = plan if plan is not None else r.eviction_plan  # type: ignore
+
+    for pol in CANDIDATE_POLICIES:
+        tell(f"scheduling: {pol}")
+        run(pol, None, pol)
+    if relax.drops:
+        tell("scheduling: the relaxation's drops")
+        run("relaxation", _plan_from_drops(relax.drops))
+    if checkmate.size(prob) <= CHECKMATE_MAX_VARIABLES and time.perf_counter() < deadline:
+        left = deadline - time.perf_counter()
+        tell(f"solving Checkmate's MILP ({left:.0f} s)")
+        cm = checkmate.solve(prob, budget, time_limit=max(1.0, left))
+        bounds["checkmate"] = cm.bound / cost
+        timed_out = timed_out or not cm.exact
+        if cm.plan is not None:
+            run("checkmate", cm.plan)
+    else:
+        timed_out = True
+    lb = max(bounds.values())
+    ok = [c for c in candidates if c.overhead is not None]
+    best = min(ok, key=lambda c: c.overhead) if ok else None  # type: ignore[arg-type,return-value]
+    over = best.overhead if best is not None else None
+    if over is not None:
+        lb = min(lb, over)  # float noise: a bound never exceeds a schedule
+        gap = 0.0 if over <= 0 else (over - lb) / over
+        proven = gap <= PROVEN_GAP
+        status = "optimal" if proven else "feasible"
+    else:
+        gap, proven, status = None, False, "no-schedule"
+    return OptimumResult(
+        trace.name, budget, ratio, base.cost, base.peak_bytes, status, over, lb, proven, gap,
+        best.source if best else None, time.perf_counter() - t0, timed_out and not proven,
+        relax.min_budget, bounds, candidates, plans.get(best.source) if best else None)
