@@ -16,14 +16,16 @@ optimum is proven.
 
 Recomputing call ``i`` is only ever useful while something made from it is still needed,
 so ``R[t, i]`` and ``S[t, v]`` exist only up to that point: this keeps every schedule the
-full program has and removes variables that cannot matter.
+full program has and removes variables that cannot matter. ``S[t, v]`` also ends when the
+program releases ``v``: the engine evicts a released value at once, so after that it is
+there only within a window, made again for a recomputation.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -48,6 +50,7 @@ class CheckmateResult:
     rows: int
     seconds: float
     timed_out: bool
+    recomputes: list[tuple[int, int]] = field(default_factory=list)  # (window, call)
 
 
 class _Rows:
@@ -97,7 +100,8 @@ def _horizons(problem: RematProblem) -> tuple[list[int], list[int]]:
         for t in v.needs:
             if t == int(t) and t < n and int(t) != v.call:
                 end = max(end, horizon[int(t)])
-        value_end.append(end)
+        # the engine evicts a released value at once: it is resident after no later call
+        value_end.append(end if v.released == math.inf else min(end, math.floor(v.released)))
     return horizon, value_end
 
 
@@ -165,21 +169,21 @@ def solve(problem: RematProblem, budget: int, time_limit: float = 60.0,
                 idx, const = present(stage, k)
                 rows.add(idx, [1.0] * len(idx), 1.0 - const, inf)
     # memory at each call: fixed, its inputs and outputs, and what stays resident after it
-    held: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-    for (t, k), s in s_var.items():
-        if t - 1 < n and values[k].call < t - 1:
-            held[t - 1].append((s, k))
+    held: list[list[int]] = [[] for _ in range(n)]  # values made before call t, kept after
+    for t, k in s_var:
+        if values[k].call < t - 1:
+            held[t - 1].append(k)
     for t in range(n):
-        constant = int(problem.fixed[t]) + sum(values[k].nbytes for k in outputs[t])
         reads = set(inputs[t])
+        constant = int(problem.fixed[t]) + sum(values[k].nbytes for k in outputs[t])
         constant += sum(values[k].nbytes for k in reads)
-        idx = [s for s, k in held[t] if k not in reads]
-        coef = [values[k].nbytes / MIB for s, k in held[t] if k not in reads]
         if constant > budget:
             return CheckmateResult(inf, inf, True, None, len(cost), len(rows.lo),
                                    time.perf_counter() - t0, False)
-        if idx:
-            rows.add(idx, coef, -inf, (budget - constant) / MIB)
+        kept = [k for k in held[t] if k not in reads]
+        if kept:
+            rows.add([s_var[(t + 1, k)] for k in kept], [values[k].nbytes / MIB for k in kept],
+                     -inf, (budget - constant) / MIB)
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = len(cost), len(rows.lo)
     lp.col_cost_ = np.array(cost)
@@ -205,29 +209,39 @@ def solve(problem: RematProblem, budget: int, time_limit: float = 60.0,
     if status == highspy.HighsModelStatus.kInfeasible:
         return CheckmateResult(inf, inf, True, None, len(cost), len(rows.lo), seconds, False)
     bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else 0.0
-    plan, found = None, inf
+    plan, found, recomputes = None, inf, []
     if info.primal_solution_status == highspy.kSolutionStatusFeasible:
         x = np.asarray(h.getSolution().col_value) > 0.5
         found = info.objective_function_value
         plan = _plan(values, n, x, r_var, s_var)
+        recomputes = sorted(key for key, i in r_var.items() if x[i])
     return CheckmateResult(max(0.0, bound), found, status == highspy.HighsModelStatus.kOptimal,
                            plan, len(cost), len(rows.lo), seconds,
-                           status == highspy.HighsModelStatus.kTimeLimit)
+                           status == highspy.HighsModelStatus.kTimeLimit, recomputes)
 
 
 def _plan(values: list[Value], n: int, x: np.ndarray, r_var: dict[tuple[int, int], int],
           s_var: dict[tuple[int, int], int]) -> EvictionPlan:
-    """Evict a value after each call after which the schedule no longer holds it."""
+    """The schedule as evictions: a value the schedule does not hold after call ``t`` is
+    evicted before call ``t`` if nothing in window ``t`` reads it, else just after call
+    ``t`` (and, while window ``t`` needs room, first: see ``PlanFollower``)."""
+
+    def on(key: tuple[int, int]) -> bool:
+        i = r_var.get(key)
+        return i is not None and bool(x[i])
+
     before: dict[int, list[tuple[int, int]]] = {}
     for k, v in enumerate(values):
-        there = True  # made by its call
-        for t in range(v.call + 1, n + 1):
-            s = s_var.get((t, k))
-            kept = s is not None and bool(x[s])
-            if there and not kept and t < n:
-                before.setdefault(t, []).append((v.call, v.slot))
-            r = r_var.get((t, v.call))
-            there = kept or (r is not None and bool(x[r]))
-            if s is None and not there:
-                break
+        readers = [int(t) for t in v.needs if t == int(t) and t < n and int(t) != v.call]
+        last = max([v.call, *[t for (t, kk) in ((t, k) for t in range(v.call + 1, n + 1))
+                              if (t, k) in s_var or (t, v.call) in r_var]])
+        for w in range(v.call, min(n - 1, last) + 1):
+            held_in = w > v.call and (s := s_var.get((w, k))) is not None and bool(x[s])
+            if not (w == v.call or held_in or on((w, v.call))):
+                continue  # not there in window w
+            if (s := s_var.get((w + 1, k))) is not None and x[s]:
+                continue  # kept after call w
+            read = w == v.call or w in readers or any(on((w, j)) for j in readers if j < w)
+            before.setdefault(w + 1 if read or not held_in else w, []).append(
+                (v.call, v.slot))
     return EvictionPlan(before, "checkmate")

@@ -10,7 +10,9 @@ mean in the simulator. What comes out is, at the level of storages:
   (stage ``k``), a pin that freezes it (between two stages, ``k - 0.5``), and the end of
   the step if the program still holds it (``n``);
 - ``fixed[k]``: bytes no schedule can evict at stage ``k`` (pinned storages: parameters,
-  inputs, what the program pinned).
+  inputs, what the program pinned);
+- when the program releases each value: from then on the engine holds it only for a
+  moment, while recomputing something made from it (it evicts a released value at once).
 
 A value that is not resident somewhere strictly between two consecutive times it is needed
 must be recomputed before the second one, which runs the call that made it again.
@@ -42,6 +44,7 @@ class Value:
     nbytes: int
     weight: float
     needs: list[float] = field(default_factory=list)
+    released: float = math.inf  # between two stages (k - 0.5); inf: held to the end
 
     @property
     def last_need(self) -> float:
@@ -109,9 +112,11 @@ class _Extractor:
         for s, v in self.live:
             if s.pinned:  # pinned since: needed where the pin took it, fixed from then on
                 v.needs.append(k - 0.5)
-            elif s.resident:
+            elif s.resident and s.ext_refs:
                 still.append((s, v))
                 evictable += s.nbytes
+            else:  # released (and evicted or freed by the engine)
+                v.released = k - 0.5
         self.live = still
         self.fixed[k] = self.engine.used_bytes - evictable
 

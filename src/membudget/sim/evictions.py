@@ -64,7 +64,10 @@ class EvictionPlan:
 
 class PlanFollower:
     """Replay hooks that carry out a plan: before each call, evict what the plan lists there
-    that is still resident and evictable (a value already gone is skipped, not an error)."""
+    that is still resident and evictable (a value already gone is skipped, not an error).
+    Wrap the engine's policy with :func:`plan_first` so that an allocation the plan did not
+    make room for takes, first, values the plan evicts after this call anyway (a chain
+    of recomputations it made, say) before the policy decides."""
 
     def __init__(self, engine: Engine, plan: EvictionPlan) -> None:
         self.engine = engine
@@ -72,15 +75,18 @@ class PlanFollower:
         self.wanted = plan.values()
         self.made: dict[ValueKey, Tensor] = {}  # only the values the plan names
         self.evicted = 0
+        self.doomed: list[ValueKey] = []  # what the plan evicts before the next call
 
     def before_call(self, k: int) -> None:
-        keys = self.plan.before.get(k)
+        before = self.plan.before
+        keys = before.get(k)
         if keys:
             made, evict = self.made, self.engine.evict
             for key in keys:
                 t = made.get(key)
                 if t is not None and t.storage.resident and evict(t):
                     self.evicted += 1
+        self.doomed = before.get(k + 1, [])
 
     def after_call(self, k: int, inputs: list[Tensor], results: list[Tensor]) -> None:
         if not self.wanted:
@@ -90,17 +96,13 @@ class PlanFollower:
                 self.made[(k, j)] = t
 
 
-class _Recording(Policy):
-    """Wraps a policy and notes each victim it picks, as the value it is and the call the
-    replay was about to run (or running) when it was picked."""
+class _Wrapper(Policy):
+    """A policy around another, which it forwards everything to."""
 
-    name = "recording"
+    name = "wrapper"
 
     def __init__(self, inner: Policy) -> None:
         self.inner = inner
-        self.call = 0
-        self.keys: dict[Storage, ValueKey] = {}
-        self.before: dict[int, list[ValueKey]] = defaultdict(list)
 
     def attach(self, engine: Engine) -> None:
         self.engine = engine
@@ -110,12 +112,7 @@ class _Recording(Policy):
         return self.inner.choose(pool, clock)
 
     def victims(self, pool: CandidatePool, clock: float, request: Storage) -> list[Storage]:
-        chosen = self.inner.victims(pool, clock, request)
-        for s in chosen:
-            key = self.keys.get(s)
-            if key is not None:
-                self.before[self.call].append(key)
-        return chosen
+        return self.inner.victims(pool, clock, request)
 
     def on_evict(self, s: Storage) -> None:
         self.inner.on_evict(s)
@@ -127,14 +124,63 @@ class _Recording(Policy):
         self.inner.on_forget(s)
 
 
-def recording_policy(policy: str | Policy, seed: int = 0) -> _Recording:
-    """``policy`` wrapped so that its victims are noted; it keeps the policy's defaults."""
-    inner = make_policy(policy, seed=seed) if isinstance(policy, str) else policy
-    cls = type(f"Recording_{type(inner).__name__}", (_Recording,), {
+def _wrap(cls: type[_Wrapper], inner: Policy) -> Any:
+    """``inner`` wrapped in ``cls``, which keeps the wrapped policy's defaults."""
+    sub = type(f"{cls.__name__}_{type(inner).__name__}", (cls,), {
         "needs_layout": inner.needs_layout, "reads_free_adj": inner.reads_free_adj,
         "default_allocator": inner.default_allocator,
         "default_inplace": inner.default_inplace})
-    return cls(inner)
+    return sub(inner)
+
+
+class _Recording(_Wrapper):
+    """Notes each victim the policy picks, as the value it is and the call the replay was
+    about to run (or running) when it was picked."""
+
+    name = "recording"
+
+    def __init__(self, inner: Policy) -> None:
+        super().__init__(inner)
+        self.call = 0
+        self.keys: dict[Storage, ValueKey] = {}
+        self.before: dict[int, list[ValueKey]] = defaultdict(list)
+
+    def victims(self, pool: CandidatePool, clock: float, request: Storage) -> list[Storage]:
+        chosen = self.inner.victims(pool, clock, request)
+        for s in chosen:
+            key = self.keys.get(s)
+            if key is not None:
+                self.before[self.call].append(key)
+        return chosen
+
+
+def recording_policy(policy: str | Policy, seed: int = 0) -> _Recording:
+    """``policy`` wrapped so that its victims are noted; it keeps the policy's defaults."""
+    return _wrap(_Recording, make_policy(policy, seed=seed) if isinstance(policy, str)
+                 else policy)
+
+
+class _PlanFirst(_Wrapper):
+    """Evicts, while it can, a value the plan evicts after the running call anyway."""
+
+    name = "plan-first"
+    follower: PlanFollower | None = None
+
+    def victims(self, pool: CandidatePool, clock: float, request: Storage) -> list[Storage]:
+        f = self.follower
+        if f is not None:
+            for key in f.doomed:
+                t = f.made.get(key)
+                if t is not None:
+                    s = t.storage
+                    if s.slot >= 0 and not s.locks and s.resident:
+                        return [s]
+        return self.inner.victims(pool, clock, request)
+
+
+def plan_first(policy: Policy) -> _PlanFirst:
+    """``policy`` wrapped to take the plan's doomed values first; set ``.follower``."""
+    return _wrap(_PlanFirst, policy)
 
 
 class DecisionRecorder:

@@ -16,6 +16,7 @@ from membudget.sim.evictions import (
     DecisionRecorder,
     EvictionPlan,
     PlanFollower,
+    plan_first,
     recording_policy,
 )
 from membudget.sim.replay import CallHooks, replay
@@ -133,10 +134,15 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
         raise MembudgetError("give a plan to follow or record_plan, not both")
     pol = make_policy(policy, seed=seed, **(policy_options or {}))
     recorder = DecisionRecorder(recording_policy(pol)) if record_plan else None
-    engine = Engine(budget, pol if recorder is None else recorder.policy, allocator,
-                    remat_cost_limit=limit, free_dead=semantics == "membudget",
-                    inplace=inplace, seed=seed)
-    hooks: CallHooks | None = recorder or (PlanFollower(engine, plan) if plan else None)
+    if recorder is not None:
+        pol = recorder.policy
+    elif plan is not None:
+        pol = plan_first(pol)
+    engine = Engine(budget, pol, allocator, remat_cost_limit=limit,
+                    free_dead=semantics == "membudget", inplace=inplace, seed=seed)
+    hooks: CallHooks | None = recorder
+    if plan is not None:
+        hooks = pol.follower = PlanFollower(engine, plan)  # type: ignore[attr-defined]
     if on_engine is not None:
         on_engine(engine)
     status, needed, message = "ok", None, ""
