@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from membudget.plan.mip_backends import new_highs
+from membudget.plan.mip_backends import lp_then_mip
 from membudget.plan.remat_problem import RematProblem, Value
 from membudget.sim.evictions import EvictionPlan
 
@@ -197,18 +197,12 @@ def solve(problem: RematProblem, budget: int, time_limit: float = 60.0,
     lp.a_matrix_.index_ = np.array(rows.index, dtype=np.int32)
     lp.a_matrix_.value_ = np.array(rows.value)
     lp.integrality_ = [highspy.HighsVarType.kInteger] * len(cost)
-    h = new_highs()
-    h.passModel(lp)
-    h.setOptionValue("time_limit", max(0.1, float(time_limit)))
-    h.setOptionValue("threads", threads)
-    h.setOptionValue("mip_rel_gap", 1e-6)
-    h.run()
+    h, bound = lp_then_mip(lp, time_limit - (time.perf_counter() - t0), threads)
     info = h.getInfo()
     status = h.getModelStatus()
     seconds = time.perf_counter() - t0
-    if status == highspy.HighsModelStatus.kInfeasible:
+    if status == highspy.HighsModelStatus.kInfeasible or bound == inf:
         return CheckmateResult(inf, inf, True, None, len(cost), len(rows.lo), seconds, False)
-    bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else 0.0
     plan, found, recomputes = None, inf, []
     if info.primal_solution_status == highspy.kSolutionStatusFeasible:
         x = np.asarray(h.getSolution().col_value) > 0.5

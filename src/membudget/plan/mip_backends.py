@@ -122,6 +122,42 @@ def new_highs() -> Any:
     return h
 
 
+def lp_then_mip(lp: Any, time_limit: float, threads: int = 2,
+                rel_gap: float = 1e-6) -> tuple[Any, float]:
+    """Solve the 0/1 program ``lp`` (its integrality set) with HiGHS: first its LP
+    relaxation, whose optimum is a bound even when the search that follows gets no further
+    than the root, then the MIP in the time left. Returns the solver and the best proven
+    lower bound (-inf if not even the LP finished)."""
+    import time
+
+    import highspy
+
+    t0 = time.perf_counter()
+    integrality = lp.integrality_
+    lp.integrality_ = []
+    h = new_highs()
+    h.passModel(lp)
+    h.setOptionValue("time_limit", max(0.1, float(time_limit)))
+    h.setOptionValue("threads", threads)
+    h.run()
+    bound = -math.inf
+    if h.getModelStatus() == highspy.HighsModelStatus.kOptimal:
+        bound = h.getInfo().objective_function_value
+    elif h.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
+        return h, math.inf
+    left = time_limit - (time.perf_counter() - t0)
+    n = lp.num_col_
+    h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
+                            np.array(integrality, dtype=np.uint8))
+    h.setOptionValue("time_limit", max(0.1, left))
+    h.setOptionValue("mip_rel_gap", rel_gap)
+    h.run()
+    dual = h.getInfo().mip_dual_bound
+    if math.isfinite(dual):
+        bound = max(bound, dual)
+    return h, bound
+
+
 def _solve_highs(mip: Mip, values: list[int], time_limit: float, gap: int,
                  report: Report | None) -> Solution:
     import highspy

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from membudget.plan.mip_backends import new_highs
+from membudget.plan.mip_backends import lp_then_mip
 from membudget.plan.remat_problem import RematProblem, Value
 
 MIB = float(1 << 20)  # rows in MiB keep the coefficients near 1
@@ -126,12 +126,7 @@ def lower_bound(problem: RematProblem, budget: int, time_limit: float = 10.0,
     lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
     lp.a_matrix_.value_ = np.array(values, dtype=float)
     lp.integrality_ = [highspy.HighsVarType.kInteger] * len(used)
-    h = new_highs()
-    h.passModel(lp)
-    h.setOptionValue("time_limit", max(0.1, float(time_limit)))
-    h.setOptionValue("threads", threads)
-    h.setOptionValue("mip_rel_gap", 1e-6)
-    h.run()
+    h, bound = lp_then_mip(lp, time_limit - (time.perf_counter() - t0), threads)
     info = h.getInfo()
     status = h.getModelStatus()
     drops: list[Drop] = []
@@ -140,6 +135,5 @@ def lower_bound(problem: RematProblem, budget: int, time_limit: float = 10.0,
         drops = [Drop(cols[c][0], cols[c][1], cols[c][2]) for c, xv in zip(used, x, strict=True)
                  if xv > 0.5]
     exact = status == highspy.HighsModelStatus.kOptimal
-    bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else 0.0
     return BoundResult(max(0.0, bound), exact, drops, min_budget, True, len(need), len(used),
                        time.perf_counter() - t0)
