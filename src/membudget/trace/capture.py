@@ -29,7 +29,7 @@ from membudget.runtime.session import Session
 from membudget.units import format_bytes
 
 UNLIMITED = 2**62
-CAPTURE_VERSION = 2  # bump when what a capture records changes, to invalidate the cache
+CAPTURE_VERSION = 3  # bump when what a capture records changes, to invalidate the cache
 FAKE_SPEC = "a100-80gb"  # the default cost model of a fake capture
 Progress = Callable[[str, Session | None], None]
 
@@ -96,7 +96,9 @@ def capture_step(name: str, batch: int | None = None, *, fake: bool = False,
             session.adopt(t for t in tree_leaves(workload.batch) if isinstance(t, torch.Tensor))
             tell("forward", session)
             session.phase("forward")
-            loss = workload.loss(model, workload.batch)
+            blocks: list[list[int]] = []
+            with _noting_blocks(model, session, blocks):
+                loss = workload.loss(model, workload.batch)
             tell("backward", session)
             session.phase("backward")
             loss.backward()
@@ -116,8 +118,58 @@ def capture_step(name: str, batch: int | None = None, *, fake: bool = False,
             source="membudget trace", params=result.param_count, torch=torch.__version__,
             optimizer=optimizer,
             policy=None, allocator=None, budget_bytes=None,
-            dtype=str(torch.get_default_dtype()).removeprefix("torch."))
+            dtype=str(torch.get_default_dtype()).removeprefix("torch."),
+            **({"blocks": sorted(blocks)} if blocks else {}))
     return result
+
+
+def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks: the children of an ``nn.ModuleList`` or ``nn.Sequential``
+    that has at least two children of one type, each with at least three submodules holding
+    parameters (a transformer layer, a ResNet bottleneck; not a conv + norm pair); where
+    such blocks nest (ResNet stages of bottlenecks), the innermost."""
+    def weighty(m: torch.nn.Module) -> bool:
+        return sum(next(s.parameters(recurse=False), None) is not None
+                   for s in m.modules()) >= 3
+
+    found: list[torch.nn.Module] = []
+    for m in model.modules():
+        if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
+            by_type: dict[type, list[torch.nn.Module]] = {}
+            for c in m.children():
+                by_type.setdefault(type(c), []).append(c)
+            found += [c for cs in by_type.values() if len(cs) >= 2 and all(map(weighty, cs))
+                      for c in cs]
+    ids = {id(b) for b in found}
+    return [b for b in found if not any(id(s) in ids for s in b.modules() if s is not b)]
+
+
+@contextlib.contextmanager
+def _noting_blocks(model: torch.nn.Module, session: Session,
+                   into: list[list[int]]) -> Iterator[None]:
+    """Note where each forward of a repeated block (:func:`repeated_blocks`) runs, by module
+    forward hooks, as the trace header's ``blocks``: ``[begin, end]`` pairs of call indices
+    (the block's calls are ``begin`` … ``end - 1``); nothing if the session does not
+    record."""
+    ops = getattr(session.recording, "ops", None)
+    if ops is None:
+        yield
+        return
+    open_: dict[int, list[int]] = {}
+
+    def pre(module: torch.nn.Module, args: object) -> None:
+        open_.setdefault(id(module), []).append(len(ops))
+
+    def post(module: torch.nn.Module, args: object, out: object) -> None:
+        into.append([open_[id(module)].pop(), len(ops)])
+
+    handles = [h for b in repeated_blocks(model)
+               for h in (b.register_forward_pre_hook(pre), b.register_forward_hook(post))]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _adamw(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
