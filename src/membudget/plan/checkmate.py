@@ -216,9 +216,8 @@ def solve(problem: RematProblem, budget: int, time_limit: float = 60.0,
 
 def _plan(values: list[Value], n: int, x: np.ndarray, r_var: dict[tuple[int, int], int],
           s_var: dict[tuple[int, int], int]) -> EvictionPlan:
-    """The schedule as evictions: a value the schedule does not hold after call ``t`` is
-    evicted before call ``t`` if nothing in window ``t`` reads it, else just after call
-    ``t`` (and, while window ``t`` needs room, first: see ``PlanFollower``)."""
+    """The schedule as evictions: a value the schedule does not hold after call ``t`` goes
+    before call ``t`` if nothing in window ``t`` reads it, else once call ``t`` has run."""
 
     def on(key: tuple[int, int]) -> bool:
         i = r_var.get(key)
@@ -236,6 +235,8 @@ def _plan(values: list[Value], n: int, x: np.ndarray, r_var: dict[tuple[int, int
             if (s := s_var.get((w + 1, k))) is not None and x[s]:
                 continue  # kept after call w
             read = w == v.call or w in readers or any(on((w, j)) for j in readers if j < w)
-            before.setdefault(w + 1 if read or not held_in else w, []).append(
+            # evicted once call w has run, or, if window w does not read it, once call
+            # w - 1 has (by the plans' convention: see PlanFollower)
+            before.setdefault(w if read or not held_in else w - 1, []).append(
                 (v.call, v.slot))
     return EvictionPlan(before, "checkmate")

@@ -89,8 +89,8 @@ class OptimumResult:
 
 def _plan_from_drops(drops: list) -> EvictionPlan:
     before: dict[int, list[tuple[int, int]]] = {}
-    for d in drops:
-        before.setdefault(math.floor(d.start) + 1, []).append((d.value.call, d.value.slot))
+    for d in drops:  # evicted once its last need before the gap has run
+        before.setdefault(math.floor(d.start), []).append((d.value.call, d.value.slot))
     return EvictionPlan(before, "relaxation")
 
 
@@ -162,3 +162,17 @@ def optimum(trace: Trace, *, budget: int | None = None, ratio: float | None = No
         trace.name, budget, ratio, base.cost, base.peak_bytes, status, over, lb, proven, gap,
         best.source if best else None, time.perf_counter() - t0, timed_out and not proven,
         relax.min_budget, bounds, candidates, plans.get(best.source) if best else None)
+
+
+def optimum_planner(time_limit: float = 30.0) -> Callable[[Trace, int, str], EvictionPlan]:
+    """A planner for ``membudget.budget(..., mode="planned", planner=...)``: the best
+    schedule :func:`optimum` finds for the recorded step within ``time_limit`` seconds (the
+    session's policy still decides what the plan leaves open)."""
+
+    def plan(trace: Trace, budget_bytes: int, policy: str) -> EvictionPlan:
+        r = optimum(trace, budget=budget_bytes, time_limit=time_limit)
+        if r.plan is None:
+            raise MembudgetError(f"no schedule of the recorded step fits {budget_bytes} B")
+        return r.plan
+
+    return plan

@@ -43,11 +43,19 @@ from membudget.runtime.flat import NO_KWARGS, SCALARS, flatten
 from membudget.runtime.gradients import in_backward, pin_made
 from membudget.runtime.handout import hand_out, kept
 from membudget.runtime.leaves import Leaves
+from membudget.runtime.planned import (
+    MAX_PLANS,
+    Planner,
+    Planning,
+    PlanRun,
+    check_mode,
+)
 from membudget.runtime.recording import NotRecording, Recording
 from membudget.runtime.references import References
 from membudget.runtime.stats import SessionStats
 from membudget.runtime.tensor import Ref, RematTensor, value_of, wrap
 from membudget.runtime.writes import write
+from membudget.sim.evictions import plan_first
 from membudget.units import parse_bytes
 
 
@@ -61,12 +69,18 @@ class Session(TorchDispatchMode, ContextDecorator):
 
     def __init__(self, budget: int | str, policy: str = "dtr-eq", allocator: str | None = None,
                  inplace: str | None = None, record: bool | str | Path | None = None,
-                 cost: OpTimer | None = None, determinism_check: str = "default") -> None:
+                 cost: OpTimer | None = None, determinism_check: str = "default",
+                 mode: str = "dynamic", planner: Planner | None = None,
+                 max_plans: int = MAX_PLANS) -> None:
         super().__init__()
         self.budget_bytes = parse_bytes(budget) if isinstance(budget, str) else int(budget)
         if self.budget_bytes <= 0:
             raise MembudgetError(f"a budget must be > 0 bytes, got {budget!r}")
         check_name(determinism_check)  # refused here, before the session is entered
+        self.mode = check_mode(mode)
+        # planned mode: the plans across steps (runtime.planned), and this step's run
+        self.planning = Planning(planner, max_plans) if mode == "planned" else None
+        self.plan_run: PlanRun | None = None
         self.policy, self.allocator, self.inplace = policy, allocator, inplace
         self.record = record
         self.cost = cost
@@ -92,10 +106,14 @@ class Session(TorchDispatchMode, ContextDecorator):
         import torch._dynamo
         fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
         self.executor = TorchExecutor(self.cost, check=self.determinism_check, fake=fake)
-        self.engine = Engine(self.budget_bytes, self.policy, self.allocator, self.executor,
+        policy = self.policy if self.planning is None else plan_first(self.policy)
+        self.engine = Engine(self.budget_bytes, policy, self.allocator, self.executor,
                              inplace=self.inplace)
         self.allocator_name = self.engine.allocator.name
-        self.recording = _new_recording(self.record)
+        self.inplace_name = self.engine.inplace
+        run = self.plan_run = (None if self.planning is None
+                               else self.planning.begin(self.engine))
+        self.recording = _new_recording(self.record or (run is not None and run.recorded))
         self.refs = References(self.engine, self.recording)
         self.leaves = Leaves(self)
         self._device = DeviceMeter()
@@ -115,12 +133,44 @@ class Session(TorchDispatchMode, ContextDecorator):
         TorchDispatchMode.__exit__(self, None, None, None)
         eng = self.engine
         assert eng is not None
+        completed = False
         try:
             hand_out(self, exc_type is not None)
+            completed = exc_type is None
         finally:
             self._close()
+            if self.plan_run is not None:
+                self._end_planned_step(not completed)
         if exc_type is None and isinstance(self.record, (str, Path)):
             self.trace(self.record)
+
+    def _end_planned_step(self, failed: bool) -> None:
+        """Hand the step to the session's planning, and its plan figures to the stats."""
+        run, self.plan_run = self.plan_run, None
+        assert run is not None and self.planning is not None
+        recording = self.recording if isinstance(self.recording, Recording) else None
+        self.planning.end(run, recording, self._header(), failed)
+        st = self.stats
+        st.plan_recorded = run.recorded
+        st.plan_followed_calls = run.followed_calls
+        st.plan_evictions = run.plan_evictions
+        st.searches = run.policy.searches
+        st.plan_switches = run.switches
+        st.plan_divergences = int(run.diverged_at is not None)
+        st.plan_diverged_at = run.diverged_at
+
+    def wait_for_plan(self, timeout: float | None = None) -> bool:
+        """In planned mode, wait for the plan being made in the background (at most
+        ``timeout`` seconds), so that the next step follows it; whether none is being made
+        any more. Steps do not need to wait: until a plan is ready they run dynamically."""
+        if self.planning is None:
+            raise MembudgetError('wait_for_plan() is for a session made with mode="planned"')
+        return self.planning.wait(timeout)
+
+    @property
+    def plans(self) -> int:
+        """How many plans a planned session holds (kinds of step it follows)."""
+        return 0 if self.planning is None else len(self.planning.plans)
 
     def _close(self) -> None:
         eng = self.engine
@@ -143,12 +193,16 @@ class Session(TorchDispatchMode, ContextDecorator):
         if not isinstance(self.recording, Recording):
             raise MembudgetError("this session did not record its run; pass record=True (or "
                                  "record=PATH, written when it ends) to membudget.budget")
-        head = {"model": "live", "source": "membudget.budget", "cost_unit": "ns",
+        return self.recording.write(path, {**self._header(), **header})
+
+    def _header(self) -> dict[str, Any]:
+        """The header of this session's trace."""
+        return {"model": "live", "source": "membudget.budget", "cost_unit": "ns",
                 "cost_source": "measured" if self.cost is None else "predicted",
                 "policy": self.policy,
                 "allocator": getattr(self, "allocator_name", self.allocator),
-                "budget_bytes": self.budget_bytes, **header}
-        return self.recording.write(path, head)
+                "inplace": getattr(self, "inplace_name", self.inplace),
+                "budget_bytes": self.budget_bytes}
 
     # ------------------------------------------------------------------ the program's side
     def adopt(self, tensors: Any) -> None:
@@ -212,10 +266,24 @@ class Session(TorchDispatchMode, ContextDecorator):
         any op (another view of a leaf's storage; a view taken again of a new version)."""
         leaves, spec = flatten((slot(0), list(shape), list(stride), offset), {})
         call = OpCall(torch.ops.aten.as_strided.default, leaves, spec)
-        (h,) = self.engine.apply(call, [base], None)  # type: ignore[union-attr]
+        (h,) = self.apply(call, [base])
         call.returned = None
         self.recording.call(call, [base], [h], call.cost)
         return h
+
+    def apply(self, call: OpCall, inputs: list[Tensor], out_bytes: Any = None,
+              out_alias: Any = None, cost: float = 0.0, mutated: Any = ()) -> list[Tensor]:
+        """``Engine.apply``, as every call of the step goes to it: in planned mode the plan
+        sees each call just before it runs and its results just after (``__torch_dispatch__``
+        does the same, inlined)."""
+        run = self.plan_run
+        if run is not None:
+            run.before(call.func, inputs)
+        handles = self.engine.apply(  # type: ignore[union-attr]
+            call, inputs, out_bytes, out_alias, cost, mutated)
+        if run is not None:
+            run.made.append(handles)
+        return handles
 
     def guarded(self, fn: Callable[[], Any]) -> Any:
         """Run engine work; an allocation that cannot fit becomes BudgetTooSmallError."""
@@ -265,7 +333,12 @@ class Session(TorchDispatchMode, ContextDecorator):
             call = OpCall(func, leaves, spec, info.random)
             if info.writes:
                 return write(self, call, info, inputs, args, kwargs or NO_KWARGS)
+            run = self.plan_run  # planned mode (as in apply())
+            if run is not None:
+                run.before(func, inputs)
             handles = self.engine.apply(call, inputs, None)  # type: ignore[union-attr]
+            if run is not None:
+                run.made.append(handles)
             if self.executor.misfits:
                 self.resize()
             rec = self.recording
@@ -349,7 +422,8 @@ def _new_recording(record: bool | str | Path | None) -> Recording | NotRecording
 
 def budget(nbytes: int | str, policy: str = "dtr-eq", *, allocator: str | None = None,
            inplace: str | None = None, record: bool | str | Path | None = None,
-           determinism_check: str = "default") -> Session:
+           determinism_check: str = "default", mode: str = "dynamic",
+           planner: Planner | None = None, max_plans: int = MAX_PLANS) -> Session:
     """A memory budget for PyTorch code: ``with membudget.budget("1.5 GiB"):`` (or as a
     decorator). Tensors made inside are evicted and recomputed as needed to stay within it.
     ``policy``, ``allocator`` and ``inplace`` take the simulator's names. ``record=True``
@@ -357,9 +431,19 @@ def budget(nbytes: int | str, policy: str = "dtr-eq", *, allocator: str | None =
     also writes it there when the session ends. ``determinism_check`` says what a
     recomputation is checked against, as in ``torch.utils.checkpoint``: "default" (each
     output's shape, strides, offset, dtype and device), "checksum" (their bytes too: slow, for
-    debugging) or "none"."""
+    debugging) or "none".
+
+    ``mode="planned"``: enter the same session once per step (``with session:`` in the
+    loop, or as a decorator of the step function). The first step runs dynamically and is
+    recorded; a plan of its evictions is made from it in a background thread
+    (``planner(trace, budget_bytes, policy) -> EvictionPlan``, by default the simulator
+    running ``policy`` on the step), and the steps after it follow the plan, with no search,
+    while their ops are the plan's; a step whose ops differ falls back to the policy from
+    there and is planned in turn (up to ``max_plans`` kinds of step). See
+    ``runtime.planned``."""
     return Session(nbytes, policy, allocator, inplace, record,
-                   determinism_check=determinism_check)
+                   determinism_check=determinism_check, mode=mode, planner=planner,
+                   max_plans=max_plans)
 
 
 __all__ = ["Session", "SessionStats", "budget"]

@@ -23,7 +23,17 @@ class SessionStats:
     ``peak_bytes`` is the most the engine held within the budget; what the program still
     held when the session ended was then handed to it, within the budget where it could
     hold them all at once, else with the budget raised by ``beyond_budget_bytes``
-    (``runtime.handout``)."""
+    (``runtime.handout``).
+
+    ``searches`` counts the allocations for which the policy searched for victims
+    (``evictions`` counts every value evicted to make room, by the policy or a plan). In
+    planned mode (``runtime.planned``), ``plan_evictions`` of those were the plan's, taken
+    with no search (``searches`` then counts the allocations the plan left to the policy);
+    ``plan_followed_calls`` engine calls ran under a plan (``ops`` is every op of the
+    step); ``plan_divergences`` is 1 if the step's calls stopped matching every plan, at
+    call ``plan_diverged_at``, after which the policy decided alone; ``plan_switches``
+    counts moves to another plan of the session that matched the step where the current
+    one did not; ``plan_recorded`` whether the step was recorded to be planned."""
 
     budget_bytes: int
     peak_bytes: int = 0
@@ -42,6 +52,13 @@ class SessionStats:
     # on a CUDA (or other accelerator) device: the most bytes its caching allocator held
     # beyond what it held when the session began, to cross-check peak_bytes (DeviceMeter)
     device_peak_bytes: int | None = None
+    searches: int = 0
+    plan_recorded: bool = False
+    plan_followed_calls: int = 0
+    plan_evictions: int = 0
+    plan_switches: int = 0
+    plan_divergences: int = 0
+    plan_diverged_at: int | None = None
 
     @classmethod
     def of(cls, budget_bytes: int, engine: Engine, run_ns: int, remat_ns: int,
@@ -53,4 +70,5 @@ class SessionStats:
         return cls(budget_bytes, engine.peak_bytes, st.evictions, st.eager_evictions, st.remat_ops,
                    st.ops, st.remat_cost / 1e9, st.base_cost / 1e9, run_ns / 1e9, remat_ns / 1e9,
                    unsized_ops, beyond,
-                   st.search_us(), st.fragmentation_summary(), device_peak_bytes)
+                   st.search_us(), st.fragmentation_summary(), device_peak_bytes,
+                   st.failed_allocations)

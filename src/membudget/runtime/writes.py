@@ -56,7 +56,7 @@ def write(session: Session, call: OpCall, info: OpInfo, inputs: list[Tensor], ar
             rec.release(o)
             eng.release(o)
         try:
-            versions = eng.apply(call, inputs, [], [], 0.0, mutated)
+            versions = session.apply(call, inputs, [], [], 0.0, mutated)
         except BaseException:
             for o in views:
                 eng.retain(o)
@@ -75,7 +75,7 @@ def write(session: Session, call: OpCall, info: OpInfo, inputs: list[Tensor], ar
     if side_effects:
         call.rerun_leaves = [None if type(x) is Slot and x.index in mutated else x
                              for x in call.leaves]
-    handles = eng.apply(call, inputs, None)
+    handles = session.apply(call, inputs)
     if session.executor.misfits:
         session.resize()
     rec.call(call, inputs, handles, call.cost)

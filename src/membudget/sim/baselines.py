@@ -3,9 +3,9 @@
 A static strategy keeps a set of forward values (:mod:`membudget.sim.keepsets` chooses it);
 :func:`plan_from_keep` turns it into an :class:`~membudget.sim.evictions.EvictionPlan`:
 
-1. every other forward value the program still holds is evicted just before the call after
-   its last forward read (values the program has released are already gone: the engine
-   evicts a released value eagerly, so only held values can be kept at all);
+1. every other forward value the program still holds is evicted once its last forward
+   read has run (values the program has released are already gone: the engine evicts a
+   released value eagerly, so only held values can be kept at all);
 2. in the backward the engine recomputes an evicted value when something reads it, from
    the nearest values still resident: that is the strategy's recomputation. A recomputed
    value the program no longer holds would then stay resident (a budget would evict it, an
@@ -40,7 +40,7 @@ from membudget.core.executor import Executor
 from membudget.core.records import ComputePath, Storage, Tensor
 from membudget.errors import UnknownNameError
 from membudget.sim import keepsets
-from membudget.sim.evictions import EvictionPlan, PlanFollower, ValueKey
+from membudget.sim.evictions import EvictionPlan, ValueKey
 from membudget.sim.replay import replay
 from membudget.sim.simulate import Baseline, SimResult, simulate
 from membudget.trace.format import Trace
@@ -91,13 +91,18 @@ class _Accesses(Executor):
         return None
 
 
-class _Follow(PlanFollower):
-    """The plan follower of a dry run: it also maps each storage to its value key and
-    tells the executor which call is running."""
+class _Follow:
+    """The replay hooks of a dry run: evict ``plan.before[k]`` just before call ``k`` (the
+    plans built here say *before which call*; :func:`_as_plan` turns that into the
+    :class:`~membudget.sim.evictions.EvictionPlan` convention, where a value listed at
+    ``k`` goes once call ``k`` has run), map each storage to its value key and tell the
+    executor which call is running."""
 
     def __init__(self, engine: Engine, plan: EvictionPlan, seen: _Accesses) -> None:
-        super().__init__(engine, plan)
+        self.engine = engine
+        self.plan = plan
         self.seen = seen
+        self.made: dict[ValueKey, Tensor] = {}
         self.keys: dict[Storage, ValueKey] = {}
         self.done: set[tuple[int, ValueKey]] = set()  # (call, key) evictions carried out
 
@@ -106,7 +111,6 @@ class _Follow(PlanFollower):
         for key in self.plan.before.get(k, ()):
             t = self.made.get(key)
             if t is not None and t.storage.resident and self.engine.evict(t):
-                self.evicted += 1
                 self.done.add((k, key))
 
     def after_call(self, k: int, inputs: list[Tensor], results: list[Tensor]) -> None:
@@ -114,6 +118,13 @@ class _Follow(PlanFollower):
             if not t.alias:
                 self.made[(k, j)] = t
                 self.keys[t.storage] = (k, j)
+
+
+def _as_plan(before: dict[int, list[ValueKey]], source: str, shift: int) -> EvictionPlan:
+    """``before`` with every call index moved by ``shift`` (-1: from "evict before call k"
+    to the plans' "evict once call k - 1 has run"; +1 back)."""
+    return EvictionPlan({k + shift: list(v) for k, v in sorted(before.items())
+                         if v and k + shift >= 0}, source)
 
 
 def _dry_run(trace: Trace, plan: EvictionPlan) -> tuple[_Accesses, _Follow]:
@@ -142,9 +153,8 @@ def plan_from_keep(trace: Trace, g: keepsets.StepGraph, keep: set[int],
             before[k].append(key)
     # keep only what a replay carries out (a value already gone is no eviction)
     _, check = _dry_run(trace, EvictionPlan(dict(before), source))
-    return EvictionPlan({k: [key for key in keys if (k, key) in check.done]
-                         for k, keys in sorted(before.items())
-                         if any((k, key) in check.done for key in keys)}, source)
+    return _as_plan({k: [key for key in keys if (k, key) in check.done]
+                     for k, keys in before.items()}, source, -1)
 
 
 def unheld_at_peak(trace: Trace, plan: EvictionPlan) -> tuple[int, int]:
@@ -168,7 +178,7 @@ def unheld_at_peak(trace: Trace, plan: EvictionPlan) -> tuple[int, int]:
                              if s.resident and not s.pinned and not s.ext_refs and not s.locks)
                 self.best = (used, unheld)
 
-    follow = Peak(engine, plan, seen)
+    follow = Peak(engine, _as_plan(plan.before, plan.source, +1), seen)
     replay(engine, trace.events, trace.path, follow)
     return follow.best
 

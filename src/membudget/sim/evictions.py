@@ -63,30 +63,39 @@ class EvictionPlan:
 
 
 class PlanFollower:
-    """Replay hooks that carry out a plan: before each call, evict what the plan lists there
-    that is still resident and evictable (a value already gone is skipped, not an error).
-    Wrap the engine's policy with :func:`plan_first` so that an allocation the plan did not
-    make room for takes, first, values the plan evicts after this call anyway (a chain
-    of recomputations it made, say) before the policy decides."""
+    """Replay hooks that carry out a plan. The values ``before[k]`` lists are the victims of
+    the allocations that need room from just before call ``k`` to just before call
+    ``k + 1`` (call ``k``'s outputs and the recomputations it needs), in the plan's order,
+    and whichever of them is still in memory when call ``k + 1`` comes is evicted then: a
+    dynamic run and its recorded plan evict the same values at the same points. The engine's
+    policy must be wrapped with :func:`plan_first`, which answers searches so; the live
+    runtime's planned mode follows plans the same way (``runtime/planned.py``)."""
 
     def __init__(self, engine: Engine, plan: EvictionPlan) -> None:
         self.engine = engine
         self.plan = plan
         self.wanted = plan.values()
         self.made: dict[ValueKey, Tensor] = {}  # only the values the plan names
-        self.evicted = 0
-        self.doomed: list[ValueKey] = []  # what the plan evicts before the next call
+        self.k = -1  # the call running
+        self.evicted = 0  # victims still in memory at the next call, evicted then
+        policy = engine.policy
+        assert isinstance(policy, PlanFirst), "wrap the engine's policy with plan_first"
+        self.policy = policy
+        policy.follower = self
 
     def before_call(self, k: int) -> None:
-        before = self.plan.before
-        keys = before.get(k)
-        if keys:
-            made, evict = self.made, self.engine.evict
+        made, before = self.made, self.plan.before
+        keys = before.get(k - 1)
+        if keys:  # call k - 1's victims that no allocation took (made by it, too)
+            evict = self.engine.evict
             for key in keys:
                 t = made.get(key)
-                if t is not None and t.storage.resident and evict(t):
+                if t is not None and t.storage.slot >= 0 and evict(t):
                     self.evicted += 1
-        self.doomed = before.get(k + 1, [])
+        self.k = k
+        deferred = self.policy.deferred
+        deferred.clear()
+        deferred.extend(made[key] for key in before.get(k, ()) if key in made)
 
     def after_call(self, k: int, inputs: list[Tensor], results: list[Tensor]) -> None:
         if not self.wanted:
@@ -94,6 +103,11 @@ class PlanFollower:
         for j, t in enumerate(results):
             if (k, j) in self.wanted:
                 self.made[(k, j)] = t
+
+    def upcoming(self) -> list[Tensor]:
+        """The values the plan evicts around the next call, made so far."""
+        made = self.made
+        return [made[key] for key in self.plan.before.get(self.k + 1, ()) if key in made]
 
 
 class _Wrapper(Policy):
@@ -124,13 +138,12 @@ class _Wrapper(Policy):
         self.inner.on_forget(s)
 
 
-def _wrap(cls: type[_Wrapper], inner: Policy) -> Any:
-    """``inner`` wrapped in ``cls``, which keeps the wrapped policy's defaults."""
-    sub = type(f"{cls.__name__}_{type(inner).__name__}", (cls,), {
+def _subclass(cls: type[_Wrapper], inner: Policy) -> type:
+    """``cls`` for wrapping ``inner``: it keeps the wrapped policy's defaults."""
+    return type(f"{cls.__name__}_{type(inner).__name__}", (cls,), {
         "needs_layout": inner.needs_layout, "reads_free_adj": inner.reads_free_adj,
         "default_allocator": inner.default_allocator,
         "default_inplace": inner.default_inplace})
-    return sub(inner)
 
 
 class _Recording(_Wrapper):
@@ -156,31 +169,57 @@ class _Recording(_Wrapper):
 
 def recording_policy(policy: str | Policy, seed: int = 0) -> _Recording:
     """``policy`` wrapped so that its victims are noted; it keeps the policy's defaults."""
-    return _wrap(_Recording, make_policy(policy, seed=seed) if isinstance(policy, str)
-                 else policy)
+    inner = make_policy(policy, seed=seed) if isinstance(policy, str) else policy
+    return _subclass(_Recording, inner)(inner)
 
 
-class _PlanFirst(_Wrapper):
-    """Evicts, while it can, a value the plan evicts after the running call anyway."""
+class PlanFirst(_Wrapper):
+    """Answers a search for room with the plan's victims for the running call, in the plan's
+    order, then with those of the next call (a plan that evicts ahead of each call, such as
+    an optimum's, may have counted on them), and asks the wrapped policy only when none of
+    them can go. ``follower`` gives the next call's values (``upcoming()``)."""
 
     name = "plan-first"
-    follower: PlanFollower | None = None
+
+    def __init__(self, inner: Policy) -> None:
+        super().__init__(inner)
+        self.deferred: list[Tensor] = []  # the running call's victims, not yet evicted
+        self.follower: Any = None
+        self.answered = 0  # victims the plan gave at a search
+        self.searches = 0  # allocations for which the wrapped policy searched
+        self._request: Storage | None = None  # what the last search was for
 
     def victims(self, pool: CandidatePool, clock: float, request: Storage) -> list[Storage]:
-        f = self.follower
-        if f is not None:
-            for key in f.doomed:
-                t = f.made.get(key)
-                if t is not None:
-                    s = t.storage
-                    if s.slot >= 0 and not s.locks and s.resident:
-                        return [s]
+        deferred = self.deferred
+        while deferred:
+            s = deferred.pop(0).storage
+            if s.slot >= 0:  # a candidate now (resident, neither pinned nor locked)
+                self.answered += 1
+                return [s]
+        if self.follower is not None:
+            for t in self.follower.upcoming():
+                s = t.storage
+                if s.slot >= 0:
+                    self.answered += 1
+                    return [s]
+        if request is not self._request:  # (one allocation may need several victims)
+            self._request = request
+            self.searches += 1
         return self.inner.victims(pool, clock, request)
 
 
-def plan_first(policy: Policy) -> _PlanFirst:
-    """``policy`` wrapped to take the plan's doomed values first; set ``.follower``."""
-    return _wrap(_PlanFirst, policy)
+_PLAN_FIRST: dict[type, type] = {}
+
+
+def plan_first(policy: str | Policy) -> PlanFirst:
+    """The policy ``policy`` behind :class:`PlanFirst`, with its defaults (allocator,
+    in-place mode, what it reads of the pool)."""
+    inner = make_policy(policy) if isinstance(policy, str) else policy
+    kind = type(inner)
+    cls = _PLAN_FIRST.get(kind)
+    if cls is None:  # (one class per policy class)
+        cls = _PLAN_FIRST[kind] = _subclass(PlanFirst, inner)
+    return cls(inner)
 
 
 class DecisionRecorder:

@@ -15,6 +15,7 @@ from membudget.errors import MembudgetError, OutOfBudget, Thrashed
 from membudget.sim.evictions import (
     DecisionRecorder,
     EvictionPlan,
+    PlanFirst,
     PlanFollower,
     plan_first,
     recording_policy,
@@ -142,7 +143,7 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
                     free_dead=semantics == "membudget", inplace=inplace, seed=seed)
     hooks: CallHooks | None = recorder
     if plan is not None:
-        hooks = pol.follower = PlanFollower(engine, plan)  # type: ignore[attr-defined]
+        hooks = PlanFollower(engine, plan)
     if on_engine is not None:
         on_engine(engine)
     status, needed, message = "ok", None, ""
@@ -168,5 +169,10 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
         ops_per_s=executed_ops / wall if wall > 0 else 0.0, needed_bytes=needed,
         message=message, extra={"inplace_reuses": st.inplace_reuses,
                                 "inplace_copies": st.inplace_copies,
-                                "failed_allocations": st.failed_allocations},
+                                "failed_allocations": st.failed_allocations,
+                                # following a plan: the plan's answers to searches for room,
+                                # and the searches left to the policy
+                                **({"plan_answered": pol.answered,
+                                    "policy_searches": pol.searches}
+                                   if isinstance(pol, PlanFirst) else {})},
         eviction_plan=recorder.plan(policy) if recorder is not None else None)
