@@ -11,6 +11,7 @@ optimum does; Coop on its own address-ordered pool (its paper's setting), so its
 also carries fragmentation's cost.
 
 Run: python benchmarks/optimum.py [--time-limit 60] [--quick] [--out docs/results/optimum.md]
+[--replot]
 """
 
 from __future__ import annotations
@@ -71,7 +72,12 @@ def main() -> None:
     ap.add_argument("--ratios", type=float, nargs="+", default=RATIOS)
     ap.add_argument("--quick", action="store_true", help="one log and one zoo model")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "optimum.md"))
+    ap.add_argument("--replot", action="store_true", help="redraw the plot from --out's JSON")
     args = ap.parse_args()
+    if args.replot:
+        out = Path(args.out)
+        plot(json.loads(out.with_suffix(".json").read_text()), out.with_suffix(".png"))
+        return
     out = Path(args.out)
     t_start = time.perf_counter()
     rows, records = [], []
@@ -155,6 +161,7 @@ def plot(records: list[dict], path: Path) -> None:
                   fontsize=7)
     ax.set_ylabel("overhead (%)")
     ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
     ax.set_title("Overhead against the optimum's bracket (bound .. best schedule)")
     fig.tight_layout()
