@@ -3,7 +3,7 @@
 The brute force is a shortest path over (next call, resident set): drop anything, run again
 any earlier call whose inputs are resident, or run the next call, never above the budget.
 It is written here from the problem's definition, apart from the solvers it checks. As in
-the engine, a value the program released is not kept from one call to the next.
+the engine, a value the program releases is evicted then (made again later, it may stay).
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def brute_force(p: RematProblem, budget: int) -> float:
                                            and v.call != i) for i in range(n)]
     at_end = frozenset(k for k, v in enumerate(vals) if n in v.needs)
     size = [v.nbytes for v in vals]
-    gone = [frozenset(k for k, v in enumerate(vals) if v.released < t) for t in range(n + 1)]
+    gone = [frozenset(k for k, v in enumerate(vals) if t - 1 < v.released < t)
+            for t in range(n + 1)]
 
     def fits(t: int, held: frozenset[int]) -> bool:
         return int(p.fixed[min(t, n - 1)]) + sum(size[k] for k in held) <= budget
@@ -88,7 +89,7 @@ def brute_force(p: RematProblem, budget: int) -> float:
             if outs[i] and ins[i] <= held and fits(t, held | outs[i]):
                 moves.append((c + float(p.cost[i]), t, held | outs[i]))
         if t < n and ins[t] <= held and fits(t, held | outs[t]):
-            # the engine evicts what the program released: past it, only made again
+            # the engine evicts what the program releases (made again later, it may stay)
             moves.append((c, t + 1, (held | outs[t]) - gone[t + 1]))
         for c2, t2, h2 in moves:
             if c2 < best.get((t2, h2), float("inf")):

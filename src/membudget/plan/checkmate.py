@@ -16,9 +16,9 @@ optimum is proven.
 
 Recomputing call ``i`` is only ever useful while something made from it is still needed,
 so ``R[t, i]`` and ``S[t, v]`` exist only up to that point: this keeps every schedule the
-full program has and removes variables that cannot matter. ``S[t, v]`` also ends when the
-program releases ``v``: the engine evicts a released value at once, so after that it is
-there only within a window, made again for a recomputation.
+full program has and removes variables that cannot matter. When the program releases ``v``
+the engine evicts it at once, so in that window it is there only if made again (and, made
+again, it may stay, as the engine keeps a recomputed value until it needs the room).
 """
 
 from __future__ import annotations
@@ -100,8 +100,7 @@ def _horizons(problem: RematProblem) -> tuple[list[int], list[int]]:
         for t in v.needs:
             if t == int(t) and t < n and int(t) != v.call:
                 end = max(end, horizon[int(t)])
-        # the engine evicts a released value at once: it is resident after no later call
-        value_end.append(end if v.released == math.inf else min(end, math.floor(v.released)))
+        value_end.append(end)
     return horizon, value_end
 
 
@@ -135,14 +134,18 @@ def solve(problem: RematProblem, budget: int, time_limit: float = 60.0,
             cost.append(0.0)
     rows = _Rows()
     inf = math.inf
+    # the window each value is released in (after call k - 1, before call k: window k)
+    released_in = [math.ceil(v.released) if v.released != inf else -1 for v in values]
 
     def present(t: int, k: int) -> tuple[list[int], float]:
         """Variables whose sum says value k is there in window t (resident or made), and
-        a constant 1 when call t makes it."""
+        a constant 1 when call t makes it. In the window where the program releases it
+        the engine evicts it first: there only if made again."""
         v = values[k]
         if v.call == t:
             return [], 1.0
-        idx = [x for x in (s_var.get((t, k)), r_var.get((t, v.call))) if x is not None]
+        kept = s_var.get((t, k)) if t != released_in[k] else None
+        idx = [x for x in (kept, r_var.get((t, v.call))) if x is not None]
         return idx, 0.0
 
     # a value is resident after call t only if it was before, or was made in window t

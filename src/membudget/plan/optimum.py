@@ -78,6 +78,7 @@ class OptimumResult:
     timed_out: bool
     min_budget_bytes: int  # below this no schedule fits
     bounds: dict[str, float] = field(default_factory=dict)  # each bound's overhead
+    bound_violated: bool = False  # a bound exceeded a simulated schedule: a bug, not proof
     candidates: list[Candidate] = field(default_factory=list)
     plan: EvictionPlan | None = field(default=None, repr=False)
 
@@ -151,17 +152,25 @@ def optimum(trace: Trace, *, budget: int | None = None, ratio: float | None = No
     ok = [c for c in candidates if c.overhead is not None]
     best = min(ok, key=lambda c: c.overhead) if ok else None  # type: ignore[arg-type,return-value]
     over = best.overhead if best is not None else None
+    violated = over is not None and lb > over * (1 + 1e-9) + 1e-12
+    if violated:  # a bound above a schedule the simulator ran is wrong: say so, prove nothing
+        import warnings
+
+        warnings.warn(f"{trace.name}: a lower bound ({lb:.6g}) exceeds a simulated schedule "
+                      f"({over:.6g}); the bound is not valid here (a bug): nothing is proven",
+                      RuntimeWarning, stacklevel=2)
     if over is not None:
-        lb = min(lb, over)  # float noise: a bound never exceeds a schedule
+        lb = min(lb, over)
         gap = 0.0 if over <= 0 else (over - lb) / over
-        proven = gap <= PROVEN_GAP
+        proven = gap <= PROVEN_GAP and not violated
         status = "optimal" if proven else "feasible"
     else:
         gap, proven, status = None, False, "no-schedule"
     return OptimumResult(
         trace.name, budget, ratio, base.cost, base.peak_bytes, status, over, lb, proven, gap,
         best.source if best else None, time.perf_counter() - t0, timed_out and not proven,
-        relax.min_budget, bounds, candidates, plans.get(best.source) if best else None)
+        relax.min_budget, bounds, violated, candidates,
+        plans.get(best.source) if best else None)
 
 
 def optimum_planner(time_limit: float = 30.0) -> Callable[[Trace, int, str], EvictionPlan]:

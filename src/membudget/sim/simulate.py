@@ -142,8 +142,9 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
     engine = Engine(budget, pol, allocator, remat_cost_limit=limit,
                     free_dead=semantics == "membudget", inplace=inplace, seed=seed)
     hooks: CallHooks | None = recorder
-    if plan is not None:
-        hooks = PlanFollower(engine, plan)
+    follower = PlanFollower(engine, plan) if plan is not None else None
+    if follower is not None:
+        hooks = follower
     if on_engine is not None:
         on_engine(engine)
     status, needed, message = "ok", None, ""
@@ -170,9 +171,11 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
         message=message, extra={"inplace_reuses": st.inplace_reuses,
                                 "inplace_copies": st.inplace_copies,
                                 "failed_allocations": st.failed_allocations,
-                                # following a plan: the plan's answers to searches for room,
-                                # and the searches left to the policy
-                                **({"plan_answered": pol.answered,
+                                # following a plan: the evictions it made (its answers to
+                                # searches for room among them), the searches left to the policy
+                                **({"plan_evictions": pol.answered + follower.evicted,
+                                    "plan_answered": pol.answered,
                                     "policy_searches": pol.searches}
-                                   if isinstance(pol, PlanFirst) else {})},
+                                   if follower is not None and isinstance(pol, PlanFirst)
+                                   else {})},
         eviction_plan=recorder.plan(policy) if recorder is not None else None)
