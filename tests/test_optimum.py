@@ -188,3 +188,21 @@ def test_on_a_dtr_log_the_bound_is_below_every_policy():
     for pol in ("dtr-eq", "dtr", "msps"):
         s = simulate(tr, pol, ratio=0.5, allocator="fungible", inplace="cow")
         assert s.status != "ok" or s.overhead >= r.lower_bound
+
+
+def test_a_value_pinned_then_read_is_counted_once():
+    """A value the program pins (an optimizer's write) is fixed memory from then on; its
+    later reads must not count it again as an evictable value (that made a bound exceed a
+    real schedule on resnet-50)."""
+    from membudget.trace.format import PIN
+    tr = Trace({"model": "pinned"}, [
+        (PUT, None, 1, 64, "input"),
+        call("f", [1], [2], [256], 5),
+        (PIN, None, 2, False),
+        call("g", [2], [3], [128], 5),
+        call("h", [2, 3], [4], [64], 5),
+        (RELEASE, None, 3),
+    ])
+    p = remat_problem(tr)
+    assert p.live_bytes().max() == measure_baseline(tr).peak_bytes
+    assert [(v.call, v.needs) for v in p.values if v.call == 0] == [(0, [0.5])]

@@ -112,6 +112,7 @@ class _Extractor:
         for s, v in self.live:
             if s.pinned:  # pinned since: needed where the pin took it, fixed from then on
                 v.needs.append(k - 0.5)
+                del self.of[s]  # (its later reads need nothing: it is fixed memory)
             elif s.resident and s.ext_refs:
                 still.append((s, v))
                 evictable += s.nbytes
