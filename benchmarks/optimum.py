@@ -11,7 +11,7 @@ optimum does; Coop on its own address-ordered pool (its paper's setting), so its
 also carries fragmentation's cost.
 
 Run: python benchmarks/optimum.py [--time-limit 60] [--quick] [--out docs/results/optimum.md]
-[--replot]
+[--sources all|logs|zoo] [--replot]
 """
 
 from __future__ import annotations
@@ -44,11 +44,12 @@ RATIOS = [0.7, 0.5, 0.3]
 METHODS = {"dtr": {}, "dtr-eq": {}, "dtr-local": {}, "coop": None}  # None: its own pool
 
 
-def sources(quick: bool) -> list[str]:
+def sources(quick: bool, which: str = "all") -> list[str]:
     logs = [f"{LOGS}::{m}" for m in zip_members(LOGS, ".log")]
     if quick:
         return [*logs[:1], str(cached_trace("unet", spec="a100-80gb"))]
-    return logs + [str(cached_trace(m, spec="a100-80gb")) for m in ZOO]
+    zoo = [str(cached_trace(m, spec="a100-80gb")) for m in ZOO] if which != "logs" else []
+    return (logs if which != "zoo" else []) + zoo
 
 
 def fmt(x: float | None, pct: bool = True) -> str:
@@ -71,6 +72,7 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--ratios", type=float, nargs="+", default=RATIOS)
     ap.add_argument("--quick", action="store_true", help="one log and one zoo model")
+    ap.add_argument("--sources", choices=("all", "logs", "zoo"), default="all")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "optimum.md"))
     ap.add_argument("--replot", action="store_true", help="redraw the plot from --out's JSON")
     args = ap.parse_args()
@@ -81,7 +83,7 @@ def main() -> None:
     out = Path(args.out)
     t_start = time.perf_counter()
     rows, records = [], []
-    for src in sources(args.quick):
+    for src in sources(args.quick, args.sources):
         tr = load_trace(src)
         base = measure_baseline(tr)
         prob = remat_problem(tr)
