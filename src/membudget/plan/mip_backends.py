@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,8 +129,6 @@ def lp_then_mip(lp: Any, time_limit: float, threads: int = 2,
     relaxation, whose optimum is a bound even when the search that follows gets no further
     than the root, then the MIP in the time left. Returns the solver and the best proven
     lower bound (-inf if not even the LP finished)."""
-    import time
-
     import highspy
 
     t0 = time.perf_counter()

@@ -17,6 +17,7 @@ largest excess), so the program has one row per change in the set of gaps, not p
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,8 +70,6 @@ def _columns(problem: RematProblem) -> list[tuple[Value, float, float, int, int]
 def lower_bound(problem: RematProblem, budget: int, time_limit: float = 10.0,
                 threads: int = 2) -> BoundResult:
     """Solve the relaxation for ``budget`` bytes within ``time_limit`` seconds."""
-    import time
-
     import highspy
 
     t0 = time.perf_counter()
