@@ -229,8 +229,8 @@ def _plan(values: list[Value], n: int, x: np.ndarray, r_var: dict[tuple[int, int
     before: dict[int, list[tuple[int, int]]] = {}
     for k, v in enumerate(values):
         readers = [int(t) for t in v.needs if t == int(t) and t < n and int(t) != v.call]
-        last = max([v.call, *[t for (t, kk) in ((t, k) for t in range(v.call + 1, n + 1))
-                              if (t, k) in s_var or (t, v.call) in r_var]])
+        last = max((t for t in range(v.call + 1, n + 1)
+                    if (t, k) in s_var or (t, v.call) in r_var), default=v.call)
         for w in range(v.call, min(n - 1, last) + 1):
             held_in = w > v.call and (s := s_var.get((w, k))) is not None and bool(x[s])
             if not (w == v.call or held_in or on((w, v.call))):
