@@ -41,8 +41,10 @@ class StorageMeter(TorchDispatchMode):
         return out
 
     def _count(self, x: torch.Tensor) -> None:
-        if is_traceable_wrapper_subclass(x) or (self.device and x.device.type != self.device):
-            return  # a wrapper has no storage of its own: its data is a plain tensor we see
+        if (is_traceable_wrapper_subclass(x) or x.device.type == "meta"
+                or (self.device and x.device.type != self.device)):
+            return  # a wrapper has no storage of its own (its data is a plain tensor we see),
+            # and a meta tensor (made to price an op, say) has no memory at all
         st = x.untyped_storage()
         key = id(st)
         if key in self._live:
