@@ -73,7 +73,7 @@ def test_truncated_and_malformed_lines_name_file_and_line(tmp_path):
 
 
 def test_unknown_policy_lists_the_known_ones(tmp_path):
-    with pytest.raises(UnknownNameError, match="known: coop, dte, dtr, dtr-eq, dtr-local"):
+    with pytest.raises(UnknownNameError, match="known: coop, default, dte, dtr, dtr-compact"):
         simulate(load_trace(_small_trace(tmp_path)), "nope", ratio=0.5)
 
 

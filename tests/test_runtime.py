@@ -1,7 +1,8 @@
 """The live runtime: real training under a budget gives the gradients of an unconstrained run.
 
 Each model is trained one step without any session (the reference), then under budgets that
-are fractions of its unconstrained session peak, with dtr, dte and coop. Where the budget
+are fractions of its unconstrained session peak, with dtr, dte, coop and the default
+(dtr-compact, which moves values to merge free blocks). Where the budget
 suffices, the loss and every gradient must be bitwise equal to the reference (CPU kernels are
 deterministic, and recomputations restore the RNG state) and the engine's peak must stay
 within the budget; where it does not, the error must say what was needed.
@@ -24,7 +25,7 @@ from membudget import BudgetTooSmallError
 from membudget.runtime.session import Session
 from membudget.runtime.tensor import RematTensor
 
-POLICIES = ["dtr", "dte", "coop"]
+POLICIES = ["dtr", "dte", "coop", "default"]
 
 
 def mlp():

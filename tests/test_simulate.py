@@ -130,7 +130,7 @@ def test_unknown_policy_lists_the_known_ones():
     assert "'belady'" in msg
     for name in POLICIES:
         assert name in msg
-    assert ei.value.known == sorted(POLICIES)
+    assert ei.value.known == sorted([*POLICIES, "default"])
     assert isinstance(ei.value, ValueError)
 
 

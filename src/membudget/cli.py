@@ -70,7 +70,8 @@ def import_dtr_log(
 def simulate(
     trace: Annotated[str, typer.Argument(help="A membudget trace or a DTR log "
                                               "(archive.zip::member reads inside a zip).")],
-    policy: Annotated[str, typer.Option(help="Eviction policy.")] = "dtr-eq",
+    policy: Annotated[str, typer.Option(help="Eviction policy (default: dtr-compact, "
+                                             "see the README).")] = "default",
     allocator: Annotated[str | None, typer.Option(help=ALLOCATOR_HELP)] = None,
     inplace: Annotated[str | None, typer.Option(help=INPLACE_HELP)] = None,
     ratio: Annotated[float | None, typer.Option(help="Budget as a fraction of the "

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from time import perf_counter_ns
 
-from membudget.core.allocators import Allocator, make_allocator
+from membudget.core.allocators import Allocator, Block, make_allocator
 from membudget.core.allocators.fungible import LiftedAllocator
 from membudget.core.executor import Executor, SimulatedExecutor
 from membudget.core.policies import Policy, make_policy
@@ -487,13 +487,24 @@ class Engine:
         if alloc.capacity:
             st.fragmentation.append(alloc.free_bytes / alloc.capacity)
         self._hold_out_locked()
+        relocate = self.policy.relocates  # (again after each eviction, not in a row)
         while True:
+            t0 = perf_counter_ns()
+            pool.sync()
+            if relocate:
+                moves = self.policy.relocations(pool, self.clock, s)
+                searched += perf_counter_ns() - t0
+                if moves:
+                    self._relocate(moves)
+                    if alloc.allocate(s):
+                        break
+                    pool.sync()
+                relocate = False
+                t0 = perf_counter_ns()
             if not pool.items:
                 raise OutOfBudget(op=op, request_bytes=alloc.block_bytes(s.nbytes),
                                   unevictable_bytes=alloc.used, budget_bytes=alloc.capacity,
                                   largest_free_bytes=alloc.largest_free_block())
-            t0 = perf_counter_ns()
-            pool.sync()
             chosen = victims(pool, self.clock, s)
             searched += perf_counter_ns() - t0
             for victim in chosen:
@@ -501,7 +512,31 @@ class Engine:
             st.evictions += len(chosen)
             if alloc.allocate(s):
                 break
+            relocate = self.policy.relocates
         st.search_ns.append(searched)
+
+    def _relocate(self, moves: list[tuple[Storage, Block | None]]) -> None:
+        """Move resident storages as the policy asked (into a free block, or down into the
+        free block before them); the executor copies their data while the allocator holds
+        the new block. The copies cost what the executor says; they count in the executed
+        cost, not the clock (no op ran), so the policy's staleness is as on a pool that
+        needs no moves."""
+        for s, _ in moves:
+            if not (s.resident and s.block is not None and s.tensors
+                    and s.tensors[0].producer is not None):
+                raise EngineError(f"{s} cannot move: only resident computed storages can")
+        into = [(s, hole) for s, hole in moves if hole is not None]
+        if into:
+            self.allocator.relocate(into, self._copy)
+        if len(into) < len(moves):
+            self.allocator.slide([s for s, hole in moves if hole is None], self._copy)
+
+    def _copy(self, s: Storage) -> None:
+        """The executor copies the data of ``s`` to the block it was just given."""
+        st = self.stats
+        st.move_cost += self.executor.move(s)
+        st.moved_bytes += s.nbytes
+        st.moves += 1
 
     def _placed(self, s: Storage) -> None:
         """``s`` now holds its bytes: if it was evicted, it is back in the graph's resident set."""

@@ -37,9 +37,23 @@ class Executor(ABC):
     def value(self, tensor: Tensor) -> object:
         """The data of a materialized tensor (for ``Engine.get_value``)."""
 
+    def move(self, storage: Storage) -> float:
+        """Copy the data of a resident storage to its new block (the allocator moved it to
+        merge free blocks); return the copy's cost."""
+        raise NotImplementedError(f"{type(self).__name__} cannot move storages")
+
 
 class SimulatedExecutor(Executor):
-    """Charges each op the cost recorded with it; holds no data."""
+    """Charges each op the cost recorded with it, and a move what copying its bytes costs
+    (``copy_ns_per_byte`` for the bytes read plus written, plus ``copy_launch``); holds no
+    data."""
+
+    def __init__(self, copy_ns_per_byte: float = 0.0, copy_launch: float = 0.0) -> None:
+        self.copy_ns_per_byte = copy_ns_per_byte
+        self.copy_launch = copy_launch
+
+    def move(self, storage: Storage) -> float:
+        return self.copy_launch + 2 * storage.nbytes * self.copy_ns_per_byte
 
     def run(self, path: ComputePath, remat: bool) -> float:
         return path.cost

@@ -24,10 +24,13 @@ class Stats:
     fragmentation: list[float] = field(default_factory=list)
     inplace_reuses: int = 0  # in-place writes whose new version took the old value's block
     inplace_copies: int = 0  # in-place writes that fell back to copy-on-write (see Engine)
+    moves: int = 0  # live storages copied to another address to merge free blocks
+    moved_bytes: int = 0  # their bytes
+    move_cost: float = 0.0  # what those copies cost (the executor's figure)
 
     @property
     def executed_cost(self) -> float:
-        return self.base_cost + self.remat_cost
+        return self.base_cost + self.remat_cost + self.move_cost
 
     def fragmentation_summary(self) -> dict[str, float]:
         """Mean and max of the free fraction of the pool at failed allocations."""

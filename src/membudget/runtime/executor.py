@@ -14,10 +14,12 @@ or nothing can need the old value any more), and into a copy otherwise (copy-on-
 from __future__ import annotations
 
 import hashlib
+from contextlib import nullcontext
 from time import perf_counter_ns
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
 
 from membudget.core.executor import Executor
 from membudget.core.records import ComputePath, Storage, Tensor
@@ -72,6 +74,7 @@ class TorchExecutor(Executor):
         # session has the engine resize them
         self.misfits: list[tuple[Tensor, int]] = []
         self._priced: dict[tuple, float] = {}  # signature -> what ``cost`` says, in ns
+        self.mode: object | None = None  # the session's dispatch mode, which it sets
 
     def probe(self, path: ComputePath) -> tuple[list[int], list[int] | None, float]:
         call: OpCall = path.op
@@ -305,6 +308,24 @@ class TorchExecutor(Executor):
 
     def value(self, tensor: Tensor) -> torch.Tensor:
         return self.values[tensor.id]
+
+    def move(self, storage: Storage) -> float:
+        """Copy the storage once to new memory and take every view of it again there (the
+        device's allocator picks the address); return the measured ns. The copy is an
+        ordinary op for the modes outside the session (a memory meter sees it), but not
+        for the session itself, which is ``mode`` while it runs."""
+        values = self.values
+        views = [(t.id, values[t.id]) for t in storage.tensors if t.id in values]
+        if not views or self.layouts is FAKE:  # fake tensors hold no memory to move
+            return 0.0
+        t0 = perf_counter_ns()
+        inside = _get_current_dispatch_mode() is self.mode
+        with _pop_mode_temporarily() if inside else nullcontext():
+            data = views[0][1].untyped_storage().clone()
+            for tid, v in views:
+                values[tid] = torch.empty(0, dtype=v.dtype, device=v.device).set_(
+                    data, v.storage_offset(), v.size(), v.stride())
+        return float(perf_counter_ns() - t0)
 
 
 def check_name(check: str) -> str:

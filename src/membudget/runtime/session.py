@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import (
 )
 
 from membudget.core.engine import Engine
+from membudget.core.policies import resolve_policy
 from membudget.core.records import Tensor
 from membudget.errors import BudgetTooSmallError, MembudgetError, OutOfBudget
 from membudget.runtime import ddp
@@ -52,6 +53,7 @@ from membudget.runtime.planned import (
 )
 from membudget.runtime.recording import NotRecording, Recording
 from membudget.runtime.references import References
+from membudget.runtime.sizing import model_seconds
 from membudget.runtime.stats import SessionStats
 from membudget.runtime.tensor import Ref, RematTensor, value_of, wrap
 from membudget.runtime.writes import write
@@ -67,9 +69,9 @@ class Session(TorchDispatchMode, ContextDecorator):
     from the dispatcher, never traced by Dynamo, so it opts out of the Dynamo-disabling
     wrapper that torch puts around ``__torch_dispatch__`` by default (two frames per op)."""
 
-    def __init__(self, budget: int | str, policy: str = "dtr-eq", allocator: str | None = None,
+    def __init__(self, budget: int | str, policy: str = "default", allocator: str | None = None,
                  inplace: str | None = None, record: bool | str | Path | None = None,
-                 cost: OpTimer | None = None, determinism_check: str = "default",
+                 cost: OpTimer | str = "model", determinism_check: str = "default",
                  mode: str = "dynamic", planner: Planner | None = None,
                  max_plans: int = MAX_PLANS) -> None:
         super().__init__()
@@ -81,9 +83,9 @@ class Session(TorchDispatchMode, ContextDecorator):
         # planned mode: the plans across steps (runtime.planned), and this step's run
         self.planning = Planning(planner, max_plans) if mode == "planned" else None
         self.plan_run: PlanRun | None = None
-        self.policy, self.allocator, self.inplace = policy, allocator, inplace
+        self.policy, self.allocator, self.inplace = resolve_policy(policy), allocator, inplace
         self.record = record
-        self.cost = cost
+        self.cost = cost_timer(cost)
         self.determinism_check = determinism_check
         self.recording = _new_recording(record)
         self.engine: Engine | None = None
@@ -106,6 +108,7 @@ class Session(TorchDispatchMode, ContextDecorator):
         import torch._dynamo
         fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
         self.executor = TorchExecutor(self.cost, check=self.determinism_check, fake=fake)
+        self.executor.mode = self
         policy = self.policy if self.planning is None else plan_first(self.policy)
         self.engine = Engine(self.budget_bytes, policy, self.allocator, self.executor,
                              inplace=self.inplace)
@@ -414,19 +417,39 @@ class _below:
             _push_mode(self.popped.pop())
 
 
+COSTS = ("model", "measured")
+
+
+def cost_timer(cost: OpTimer | str) -> OpTimer | None:
+    """The executor's op timer for a session's ``cost`` (None: measured runs)."""
+    if callable(cost):
+        return cost
+    if cost not in COSTS:
+        raise MembudgetError(f"unknown cost {cost!r}: give one of {', '.join(COSTS)} or a "
+                             "function (func, args, kwargs, out) -> seconds")
+    return model_seconds if cost == "model" else None
+
+
 def _new_recording(record: bool | str | Path | None) -> Recording | NotRecording:
     """A session records its run only when asked to: the records of every op would
     otherwise pile up for as long as the session object lives."""
     return Recording() if record else NotRecording()
 
 
-def budget(nbytes: int | str, policy: str = "dtr-eq", *, allocator: str | None = None,
+def budget(nbytes: int | str, policy: str = "default", *, allocator: str | None = None,
            inplace: str | None = None, record: bool | str | Path | None = None,
-           determinism_check: str = "default", mode: str = "dynamic",
-           planner: Planner | None = None, max_plans: int = MAX_PLANS) -> Session:
+           cost: OpTimer | str = "model", determinism_check: str = "default",
+           mode: str = "dynamic", planner: Planner | None = None,
+           max_plans: int = MAX_PLANS) -> Session:
     """A memory budget for PyTorch code: ``with membudget.budget("1.5 GiB"):`` (or as a
     decorator). Tensors made inside are evicted and recomputed as needed to stay within it.
-    ``policy``, ``allocator`` and ``inplace`` take the simulator's names. ``record=True``
+    ``policy``, ``allocator`` and ``inplace`` take the simulator's names; "default" is
+    :data:`membudget.core.policies.DEFAULT_POLICY`. ``cost`` prices the ops the policy
+    weighs: "model" (the default) the cost model on this device kind's spec, the same on
+    every run, so that the same program and budget make the same evictions every time;
+    "measured" each op signature's first measured run in this process (closer to the
+    truth, but it varies from run to run); or a function ``(func, args, kwargs, out) ->
+    seconds``. ``record=True``
     keeps the run so that ``session.trace(path)`` can write it as a trace; ``record=path``
     also writes it there when the session ends. ``determinism_check`` says what a
     recomputation is checked against, as in ``torch.utils.checkpoint``: "default" (each
@@ -441,7 +464,7 @@ def budget(nbytes: int | str, policy: str = "dtr-eq", *, allocator: str | None =
     while their ops are the plan's; a step whose ops differ falls back to the policy from
     there and is planned in turn (up to ``max_plans`` kinds of step). See
     ``runtime.planned``."""
-    return Session(nbytes, policy, allocator, inplace, record,
+    return Session(nbytes, policy, allocator, inplace, record, cost,
                    determinism_check=determinism_check, mode=mode, planner=planner,
                    max_plans=max_plans)
 

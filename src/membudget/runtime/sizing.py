@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._pytree import tree_leaves
 
 from membudget.core.records import ComputePath, Tensor
 from membudget.runtime.call import Slot, below_autograd
@@ -172,6 +173,15 @@ def estimate(func: Any, args: tuple, kwargs: dict, out: Any, device: str) -> flo
     Only relative costs steer eviction (DTR's score and Coop's cost density are scale-free),
     and the first real run's time replaces it for the next call."""
     return _model(device).op_seconds(func, args, kwargs, out) * 1e9
+
+
+def model_seconds(func: Any, args: tuple, kwargs: dict, out: Any) -> float:
+    """The cost model's seconds for an op on the spec of its device kind (as ``estimate``):
+    a price that depends only on the op and its shapes, so the same program gets the same
+    prices, and so makes the same decisions, on every run."""
+    device = next((x.device.type for x in tree_leaves((args, kwargs))
+                   if isinstance(x, torch.Tensor)), "cpu")
+    return _model("cpu" if device == "cpu" else "cuda").op_seconds(func, args, kwargs, out)
 
 
 @cache

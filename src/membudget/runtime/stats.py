@@ -59,6 +59,9 @@ class SessionStats:
     plan_switches: int = 0
     plan_divergences: int = 0
     plan_diverged_at: int | None = None
+    moves: int = 0  # values copied to another address to merge free blocks (dtr-compact)
+    moved_bytes: int = 0
+    move_seconds: float = 0.0  # their measured copy time
 
     @classmethod
     def of(cls, budget_bytes: int, engine: Engine, run_ns: int, remat_ns: int,
@@ -71,4 +74,5 @@ class SessionStats:
                    st.ops, st.remat_cost / 1e9, st.base_cost / 1e9, run_ns / 1e9, remat_ns / 1e9,
                    unsized_ops, beyond,
                    st.search_us(), st.fragmentation_summary(), device_peak_bytes,
-                   st.failed_allocations)
+                   st.failed_allocations, moves=st.moves, moved_bytes=st.moved_bytes,
+                   move_seconds=st.move_cost / 1e9)

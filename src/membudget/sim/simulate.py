@@ -10,7 +10,8 @@ from typing import Any
 
 from membudget.core.allocators import make_allocator
 from membudget.core.engine import INPLACE_MODES, Engine
-from membudget.core.policies import make_policy
+from membudget.core.executor import SimulatedExecutor
+from membudget.core.policies import make_policy, resolve_policy
 from membudget.errors import MembudgetError, OutOfBudget, Thrashed
 from membudget.sim.evictions import (
     DecisionRecorder,
@@ -25,6 +26,18 @@ from membudget.trace.format import Trace
 
 SEMANTICS = ("membudget", "simrd")
 DEFAULT_OVERHEAD_LIMIT = 2.0
+COPY_SPEC = "a100-80gb"  # prices a move where the trace names no device spec
+
+
+def copy_executor(header: dict[str, Any]) -> SimulatedExecutor:
+    """A simulated executor that prices a move (a copy of a storage's bytes, read and
+    written) on the trace's device spec (``device_spec`` in its header, else
+    :data:`COPY_SPEC`): launch overhead plus bytes over the achieved bandwidth, in ns."""
+    from membudget.cost.devices import get_spec  # (imports torch: only when simulating)
+
+    spec = get_spec(str(header.get("device_spec") or COPY_SPEC))
+    return SimulatedExecutor(1e9 / (spec.bandwidth * spec.bandwidth_efficiency),
+                             spec.launch_overhead * 1e9)
 
 
 @dataclass(frozen=True)
@@ -119,6 +132,7 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
     The run ends "ok", "oom" (nothing evictable was left for an allocation) or "thrashed"
     (recomputation cost more than ``overhead_limit - 1`` times the baseline cost).
     """
+    policy = resolve_policy(policy)
     allocator, inplace = check_config(policy, allocator, inplace, semantics, policy_options)
     if (ratio is None) == (budget is None):
         raise MembudgetError("give exactly one of ratio and budget")
@@ -139,7 +153,7 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
         pol = recorder.policy
     elif plan is not None:
         pol = plan_first(pol)
-    engine = Engine(budget, pol, allocator, remat_cost_limit=limit,
+    engine = Engine(budget, pol, allocator, copy_executor(trace.header), remat_cost_limit=limit,
                     free_dead=semantics == "membudget", inplace=inplace, seed=seed)
     hooks: CallHooks | None = recorder
     follower = PlanFollower(engine, plan) if plan is not None else None
@@ -169,6 +183,8 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
         wall_s=wall,
         ops_per_s=executed_ops / wall if wall > 0 else 0.0, needed_bytes=needed,
         message=message, extra={"inplace_reuses": st.inplace_reuses,
+                                "moves": st.moves, "moved_bytes": st.moved_bytes,
+                                "move_cost": st.move_cost,
                                 "inplace_copies": st.inplace_copies,
                                 "failed_allocations": st.failed_allocations,
                                 # following a plan: the evictions it made (its answers to

@@ -168,7 +168,7 @@ def read_dtr_log(path: str | Path) -> Trace:
     archive, member = split_source(path)
     name = Path(resolve_member(archive, member) if member else archive).name
     header = {"model": name.split("-")[0], "batch": _batch(name), "device": "cuda (Titan V)",
-              "cost_unit": "ns", "cost_source": "measured (DTR log TIME)",
+              "device_spec": "titan-v", "cost_unit": "ns", "cost_source": "measured (DTR log TIME)",
               "source": f"dtr-log:{name}"}
     return Trace(header, list(iter_dtr_log(path)), str(path))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from mypy_extensions import mypyc_attr
@@ -72,6 +73,33 @@ class Allocator(ABC):
     def block_bytes(self, nbytes: int) -> int:
         """Size of the contiguous block a storage of ``nbytes`` needs (after rounding)."""
         return nbytes
+
+    def segment_deficit(self, nbytes: int) -> int | None:
+        """For a pool that reserves segments: the bytes of whole segments that must be
+        emptied (and released) before a new segment for a request of ``nbytes`` fits;
+        None for a pool without segments."""
+        return None
+
+    def left_after(self, hole: Block, left: int, size: int) -> int:
+        """Free bytes a hole with ``left`` free bytes keeps after a moved block of ``size``
+        bytes is carved from it (the rest of the hole, unless the pool would not split it)."""
+        return left - size
+
+    def relocate(self, moves: list[tuple[Storage, Block]],
+                 copy: Callable[[Storage], None]) -> None:
+        """Move each resident storage to a new block carved from the high end of its free
+        ``hole`` (several may share one), ``copy`` its data there, then free the old
+        blocks: both are held while the data moves, and the holes are all carved before any
+        old block merges with a free neighbour, so none of them changes under the moves.
+        The caller checked that each hole holds what it is given."""
+        raise NotImplementedError(f"the {self.name!r} allocator cannot move storages")
+
+    def slide(self, storages: list[Storage], copy: Callable[[Storage], None]) -> None:
+        """Move each resident storage (in address order) down to the low end of the free
+        block just before it, if there is one, and ``copy`` its data there: the free bytes
+        of a run of blocks gather after its storages. The new block overlaps the old one,
+        so the copy goes through other memory: the caller leaves room for it."""
+        raise NotImplementedError(f"the {self.name!r} allocator cannot move storages")
 
     def layout(self, request: Storage | None = None) -> list[Block]:
         """Every block in address order; with ``request``, only those that could hold it."""

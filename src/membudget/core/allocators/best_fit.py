@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
+from collections.abc import Callable
 
 from membudget.core.allocators.base import LayoutAllocator
 from membudget.core.allocators.block import Block
@@ -152,6 +153,29 @@ class BestFitAllocator(LayoutAllocator):
         insort(holes, key)
         hole_at[key] = b
         self._mark_beside(b)
+
+    def relocate(self, moves: list[tuple[Storage, Block]],
+                 copy: Callable[[Storage], None]) -> None:
+        old = []
+        for s, hole in moves:
+            old.append(s.block)
+            self._place(hole, s, low=False)  # the hole keeps its block (unless used up)
+        for s, _ in moves:
+            copy(s)
+        for (s, _), was in zip(moves, old, strict=True):
+            new, s.block = s.block, was
+            self.free(s)  # frees b, counted out of ``used`` as ``_place`` counted the new one
+            s.block = new
+
+    def slide(self, storages: list[Storage], copy: Callable[[Storage], None]) -> None:
+        for s in storages:
+            b = s.block
+            hole = None if b is None else b.prev
+            if hole is None or hole.storage is not None:
+                continue
+            self.free(s)  # b merges into the hole before it, which keeps its block
+            self._place(hole, s, low=True)
+            copy(s)
 
     def layout(self, request: Storage | None = None) -> list[Block]:
         out = []

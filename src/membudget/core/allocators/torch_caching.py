@@ -17,7 +17,7 @@ collection threshold and a single stream.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from sortedcontainers import SortedList
 
@@ -199,6 +199,63 @@ class TorchCachingAllocator(LayoutAllocator):
                 out.append(b)
                 b = b.next
         return out
+
+    def segment_deficit(self, nbytes: int) -> int:
+        room = self.capacity - self.reserved + sum(
+            b.size for p in (self._small, self._large) for b in p.idle.values())
+        return max(0, allocation_size(round_size(nbytes)) - int(room))
+
+    def left_after(self, hole: Block, left: int, size: int) -> int:
+        rest = left - size
+        small = self._segments[hole.segment].pool.small
+        return rest if ((rest >= MIN_BLOCK_SIZE) if small else (rest > SMALL_SIZE)) else 0
+
+    def relocate(self, moves: list[tuple[Storage, Block]],
+                 copy: Callable[[Storage], None]) -> None:
+        """Carve each storage's rounded size from the high end of its hole (the whole hole
+        when the rest would not be split off, as ``_carve`` decides), then free the old
+        blocks: a moved block loses an unsplit remainder it had."""
+        old = []
+        for s, hole in moves:
+            old.append(s.block)
+            pool = self._segments[hole.segment].pool
+            size = round_size(s.nbytes)
+            self._remove_free(hole, pool)
+            if self.left_after(hole, hole.size, size):
+                b = Block(hole.addr + hole.size - size, size, s, hole.segment)
+                link_after(b, hole)
+                hole.size -= size
+                self._add_free(hole, pool)
+            else:
+                b = hole
+                b.storage = s
+            s.block = b
+            self.used += b.size  # both copies are held while the data moves
+            if self.used > self.peak:
+                self.peak = self.used
+            self._mark_beside(b)
+            if self.observer is not None:
+                self.observer.on_alloc(s, b)
+        for s, _ in moves:
+            copy(s)
+        for (s, _), was in zip(moves, old, strict=True):
+            new, s.block = s.block, was
+            self.free(s)  # frees b and counts ``s.nbytes`` out of ``requested``
+            self.requested += s.nbytes
+            s.block = new
+
+    def slide(self, storages: list[Storage], copy: Callable[[Storage], None]) -> None:
+        """As the best-fit pool does; ``_carve`` keeps the rest of the merged block free
+        where it would split it (so a large-pool rest of 1 MiB or less stays with the
+        storage, as it would for a new allocation)."""
+        for s in storages:
+            b = s.block
+            hole = None if b is None else b.prev
+            if hole is None or hole.storage is not None:
+                continue
+            self.free(s)  # b merges into the hole before it (same segment), which keeps it
+            self._carve(hole, s, round_size(s.nbytes), self._segments[hole.segment].pool)
+            copy(s)
 
     # ------------------------------------------------------------------ segments and blocks
     def _new_segment(self, size: int, pool: _Pool) -> Block:

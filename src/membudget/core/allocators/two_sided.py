@@ -15,16 +15,14 @@ geometric mean of the densities seen so far (scale-free: traces measure cost in 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
-from itertools import islice
 
-from membudget.core.allocators.best_fit import BestFitAllocator
-from membudget.core.allocators.block import Block
+from membudget.core.allocators.segregated import SegregatedAllocator
 from membudget.core.records import Storage
 
 
-class TwoSidedAllocator(BestFitAllocator):
-    """Best fit; expensive outputs at the low end of the hole, cheap ones at the high end."""
+class TwoSidedAllocator(SegregatedAllocator):
+    """Segregated best fit; expensive outputs at the low end of the hole, cheap ones at the
+    high end."""
 
     name = "two-sided"
 
@@ -50,27 +48,5 @@ class TwoSidedAllocator(BestFitAllocator):
         self._count += 1
         return above
 
-    def allocate(self, s: Storage) -> bool:
-        n = s.nbytes
-        if n == 0:
-            return True
-        if s.pinned:
-            hole = self._topmost_fit(n)
-            if hole is None:
-                return False
-            self._place(hole, s, low=False)
-            return True
-        hole = self._best_fit(n)
-        if hole is None:
-            return False
-        self._place(hole, s, self.expensive(s))
-        return True
-
-    def _topmost_fit(self, n: int) -> Block | None:
-        """The highest-address hole of at least ``n`` bytes (pinned storages pack from the top)."""
-        holes = self._holes
-        i = bisect_left(holes, n << self._shift)
-        if i == len(holes):
-            return None
-        addr_of = ((1 << self._shift) - 1).__and__  # a key's low bits are the address
-        return self._hole_at[max(islice(holes, i, None), key=addr_of)]
+    def _at_low_end(self, s: Storage) -> bool:
+        return self.expensive(s)

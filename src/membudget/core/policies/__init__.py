@@ -7,6 +7,7 @@ from functools import partial
 from typing import Any
 
 from membudget.core.policies.base import Policy
+from membudget.core.policies.compact import DTRCompact
 from membudget.core.policies.coop import Coop
 from membudget.core.policies.dte import DTE
 from membudget.core.policies.dtr import DTR
@@ -18,25 +19,41 @@ from membudget.core.policies.simple import LRU, Random, Size
 from membudget.errors import MembudgetError, UnknownNameError
 
 POLICIES: dict[str, Callable[..., Policy]] = {
-    cls.name: cls for cls in (DTR, DTREq, DTRLocal, MSPS, LRU, Size, DTE, Coop)
+    cls.name: cls for cls in (DTR, DTREq, DTRLocal, MSPS, LRU, Size, DTE, Coop, DTRCompact)
 }
 POLICIES["random"] = Random
 POLICIES["megengine"] = MegEngine
 POLICIES["megengine-sqrt"] = partial(MegEngine, sqrt_sampling=True)
+# dtr-compact's ablations (docs/results/address-aware.md): Coop's window as the fallback,
+# only the cheapest run checked for room, no sliding
+POLICIES["dtr-compact-window"] = partial(DTRCompact, fallback="window")
+POLICIES["dtr-compact-1run"] = partial(DTRCompact, tries=1)
+POLICIES["dtr-compact-noslide"] = partial(DTRCompact, slide=False)
 SEEDED = {"random", "megengine", "megengine-sqrt"}
+#: What ``policy="default"`` means, here and only here: DTR's choices with fragmentation
+#: undone by moving live tensors (``dtr-compact``, on a best-fit pool). On an address-ordered
+#: pool it comes closest to what DTR reaches on the ideal fungible one (see
+#: docs/results/address-aware.md), and without addresses it is DTR.
+DEFAULT_POLICY = "dtr-compact"
+
+
+def resolve_policy(name: str) -> str:
+    """``name``, or the policy that "default" stands for."""
+    return DEFAULT_POLICY if name == "default" else name
 
 
 def make_policy(name: str, *, seed: int = 0, **options: Any) -> Policy:
     """Build the policy called ``name``; ``seed`` feeds the randomized ones; ``options`` are
     keyword arguments of its class (e.g. ``alpha=2.0`` for megengine)."""
+    name = resolve_policy(name)
     try:
         factory = POLICIES[name]
     except KeyError:
-        raise UnknownNameError("policy", name, POLICIES) from None
+        raise UnknownNameError("policy", name, [*POLICIES, "default"]) from None
     try:
         return factory(seed, **options) if name in SEEDED else factory(**options)
     except TypeError as e:
         raise MembudgetError(f"bad options {options} for policy {name!r}: {e}") from None
 
 
-__all__ = ["POLICIES", "Policy", "make_policy"]
+__all__ = ["DEFAULT_POLICY", "POLICIES", "Policy", "make_policy", "resolve_policy"]

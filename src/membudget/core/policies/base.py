@@ -11,6 +11,7 @@ from membudget.core.pool import CandidatePool
 from membudget.core.records import Storage
 
 if TYPE_CHECKING:
+    from membudget.core.allocators.block import Block
     from membudget.core.engine import Engine
 
 
@@ -21,6 +22,7 @@ class Policy(ABC):
     name: ClassVar[str]
     engine: Engine
     needs_layout: ClassVar[bool] = False  # reads the allocator's address layout
+    relocates: ClassVar[bool] = False  # may move storages (``relocations``) before evicting
     # scores the free bytes beside a candidate (the pool's ``free_adj`` column), which the
     # allocator then keeps current on every placement and free
     reads_free_adj: ClassVar[bool] = False
@@ -45,6 +47,14 @@ class Policy(ABC):
         the engine evicts them, retries, and asks again while it still does not fit.
         Most policies evict one at a time; layout-aware ones return a whole window."""
         return [self.choose(pool, clock)]
+
+    def relocations(self, pool: CandidatePool, clock: float,
+                    request: Storage) -> list[tuple[Storage, Block | None]]:
+        """Asked before ``victims`` when the policy ``relocates``: storages to move so that
+        ``request`` fits without an eviction, each into a free block (``(storage, hole)``,
+        for the allocator's ``relocate``) or down into the free block before it
+        (``(storage, None)``, for its ``slide``); empty to leave it to ``victims``."""
+        return []
 
     def on_evict(self, s: Storage) -> None:
         """``s`` was evicted (by the policy or eagerly on release)."""

@@ -23,6 +23,7 @@ from operator import attrgetter
 import numpy as np
 
 from membudget.core.allocators.block import Block
+from membudget.core.policies.cost import CostPolicy
 from membudget.core.policies.dtr_eq import DTREq
 from membudget.core.pool import CandidatePool
 from membudget.core.records import Storage
@@ -111,47 +112,50 @@ class Coop(DTREq):
         if not alloc.has_layout:  # a lifted budget is a fungible pool: no window to free
             return [self.choose(pool, clock)]
         blocks = alloc.layout(request)
-        run = self._window(pool, clock, blocks, alloc.block_bytes(request.nbytes))
+        run = cheapest_eviction_window(self, pool, clock, blocks,
+                                       alloc.block_bytes(request.nbytes))
         if run is None:
             return [self.choose(pool, clock)]
         i, j = run
         return [b.storage for b in blocks[i: j + 1] if b.storage is not None]
 
-    def _window(self, pool: CandidatePool, clock: float, blocks: list[Block],
-                need: int) -> tuple[int, int] | None:
-        """The cheapest covering run. Every block's h starts as a lower bound (its own cost
-        plus the cached bound of its neighbourhood cost) and is made exact only where the
-        branch and bound of ``cheapest_window`` needs it."""
-        if not blocks:
-            return None
-        size_a = np.fromiter(map(_size, blocks), dtype=np.int64, count=len(blocks))
-        slots = [FREE if s is None else s.slot if s.slot >= 0 else BARRIER
-                 for s in map(_storage, blocks)]
-        slot_a = np.array(slots, dtype=np.int64)
-        seg_a = (None if blocks[0].segment == blocks[-1].segment else  # segments are ordered
-                 np.fromiter(map(_segment, blocks), dtype=np.int64, count=len(blocks)))
-        cand = slot_a >= 0
-        cs = slot_a[cand]
-        if pool.bound_epoch != self.epoch:
-            pool.bound[: len(pool.bound)] = 0.0
-            pool.bound_epoch = self.epoch
-        stale = clock - pool.last[cs]
-        inv = np.zeros(cs.shape[0])
-        np.divide(1.0, stale, out=inv, where=stale > 0)
-        pos = np.flatnonzero(cand)
-        barrier = slot_a == BARRIER
-        barrier[pos[stale <= 0]] = True  # touched at this very clock: never worth evicting
-        own = pool.cost[cs]
-        costs = np.zeros(len(blocks))
-        costs[pos] = (own + pool.bound[cs]) * inv
-        pending = np.zeros(len(blocks), dtype=bool)  # lower bounds not yet made exact
-        pending[pos] = (pool.ev_parents[cs] + pool.ev_children[cs]) > 0
-        items = pool.items
 
-        def exact(k: int) -> float:
-            slot = slots[k]
-            nc = self.neighbour_cost(items[slot])
-            pool.bound[slot] = nc
-            return (pool.cost[slot] + nc) / (clock - pool.last[slot])
+def cheapest_eviction_window(policy: CostPolicy, pool: CandidatePool, clock: float,
+                             blocks: list[Block], need: int) -> tuple[int, int] | None:
+    """The run of ``blocks`` (the layout) to evict whose summed h is lowest under
+    ``policy``'s cost (own cost plus evicted neighbourhood, over staleness). Every block's
+    h starts as a lower bound (its own cost plus the cached bound of its neighbourhood
+    cost) and is made exact only where the branch and bound of ``cheapest_window`` needs it."""
+    if not blocks:
+        return None
+    size_a = np.fromiter(map(_size, blocks), dtype=np.int64, count=len(blocks))
+    slots = [FREE if s is None else s.slot if s.slot >= 0 else BARRIER
+             for s in map(_storage, blocks)]
+    slot_a = np.array(slots, dtype=np.int64)
+    seg_a = (None if blocks[0].segment == blocks[-1].segment else  # segments are ordered
+             np.fromiter(map(_segment, blocks), dtype=np.int64, count=len(blocks)))
+    cand = slot_a >= 0
+    cs = slot_a[cand]
+    if pool.bound_epoch != policy.epoch:
+        pool.bound[: len(pool.bound)] = 0.0
+        pool.bound_epoch = policy.epoch
+    stale = clock - pool.last[cs]
+    inv = np.zeros(cs.shape[0])
+    np.divide(1.0, stale, out=inv, where=stale > 0)
+    pos = np.flatnonzero(cand)
+    barrier = slot_a == BARRIER
+    barrier[pos[stale <= 0]] = True  # touched at this very clock: never worth evicting
+    own = pool.cost[cs]
+    costs = np.zeros(len(blocks))
+    costs[pos] = (own + pool.bound[cs]) * inv
+    pending = np.zeros(len(blocks), dtype=bool)  # lower bounds not yet made exact
+    pending[pos] = (pool.ev_parents[cs] + pool.ev_children[cs]) > 0
+    items = pool.items
 
-        return cheapest_window(size_a, costs, barrier, need, seg_a, pending, exact)
+    def exact(k: int) -> float:
+        slot = slots[k]
+        nc = policy.neighbour_cost(items[slot])
+        pool.bound[slot] = nc
+        return (pool.cost[slot] + nc) / (clock - pool.last[slot])
+
+    return cheapest_window(size_a, costs, barrier, need, seg_a, pending, exact)

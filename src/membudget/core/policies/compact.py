@@ -1,0 +1,197 @@
+"""``dtr-compact``: DTR's choices on an address-ordered pool, with fragmentation undone by moves.
+
+Victims are chosen as DTR chooses them on a fungible pool: one at a time, by h_DTR, until the
+pool's free bytes cover the request. When they do and no single free block is big enough, the
+free bytes are made contiguous by moving live tensors instead of evicting more: among the runs
+of blocks that would cover the request once emptied, the one with the fewest bytes to move
+whose tensors all fit in the free blocks outside it (best fit, largest first) is emptied; on
+a pool of segments, whole segments are emptied so that a new one fits. Only when nothing is
+left to evict are the storages of a run whose free bytes alone cover the request slid
+together, so that its free bytes merge at its end (that copies much more). A copy costs one
+read and one write of the bytes, far less than recomputing them, so the run pays DTR's
+recomputations plus the copies: what DTR pays on the ideal fungible pool, plus the price of
+the addresses. Leaves never move (their memory is the program's); where they leave nothing to
+move, the policy evicts by DTR again, or (``fallback="window"``) evicts Coop's cheapest
+covering run. Its pool keeps pinned storages at the top (``segregated``), so that parameters
+adopted in the middle of a step do not split the activations' space.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from operator import attrgetter
+
+import numpy as np
+
+from membudget.core.allocators.base import Allocator
+from membudget.core.allocators.block import Block
+from membudget.core.policies.coop import cheapest_eviction_window, covering_runs
+from membudget.core.policies.dtr import DTR
+from membudget.core.pool import CandidatePool
+from membudget.core.records import Storage
+from membudget.errors import MembudgetError
+
+_size = attrgetter("size")
+_segment = attrgetter("segment")
+_storage = attrgetter("storage")
+FALLBACKS = ("dtr", "window")
+
+
+class DTRCompact(DTR):
+    name = "dtr-compact"
+    relocates = True
+    default_allocator = "segregated"
+
+    def __init__(self, fallback: str = "dtr", tries: int = 8, move: bool = True,
+                 slide: bool = True) -> None:
+        """``fallback``: what to evict when free bytes cover the request but no run can be
+        emptied by moves; ``tries``: cheapest runs checked for room per search; ``move``:
+        False turns moves off (an ablation: DTR's choices on the address-ordered pool);
+        ``slide``: False never slides a run's storages together (an ablation)."""
+        if fallback not in FALLBACKS:
+            raise MembudgetError(f"unknown fallback {fallback!r}; known: {', '.join(FALLBACKS)}")
+        if tries < 1:
+            raise MembudgetError(f"tries must be >= 1, got {tries}")
+        self.fallback = fallback
+        self.tries = tries
+        self.move = move
+        self.slide = slide
+
+    def relocations(self, pool: CandidatePool, clock: float,
+                    request: Storage) -> list[tuple[Storage, Block | None]]:
+        alloc = self.engine.allocator
+        need = alloc.block_bytes(request.nbytes)
+        if not (self.move and alloc.has_layout) or alloc.free_bytes < need:
+            return []
+        blocks = alloc.layout(request)
+        moves: list[tuple[Storage, Block | None]] = []
+        moves.extend(emptying_moves(alloc, blocks, need, self.tries))
+        if not moves and self.slide and not pool.items:  # the last resort: it copies much
+            moves.extend((s, None) for s in sliding_moves(blocks, need, int(alloc.free_bytes)))
+        deficit = alloc.segment_deficit(request.nbytes)
+        if not moves and deficit:
+            moves.extend(evacuating_moves(alloc, blocks, deficit))
+        return moves
+
+    def victims(self, pool: CandidatePool, clock: float, request: Storage) -> list[Storage]:
+        alloc = self.engine.allocator
+        need = alloc.block_bytes(request.nbytes)
+        if self.fallback == "window" and alloc.has_layout and alloc.free_bytes >= need:
+            blocks = alloc.layout(request)
+            run = cheapest_eviction_window(self, pool, clock, blocks, need)
+            if run is not None:
+                return [b.storage for b in blocks[run[0]: run[1] + 1] if b.storage is not None]
+        return [self.choose(pool, clock)]
+
+
+def emptying_moves(alloc: Allocator, blocks: list[Block], need: int,
+                   tries: int) -> list[tuple[Storage, Block]]:
+    """Moves that empty a run of ``blocks`` covering ``need`` bytes: of the ``tries`` runs
+    with the fewest bytes of movable storages, the first whose storages all fit, best fit
+    and largest first, in the free blocks outside it; empty when none does. Storages that
+    cannot move are barriers, as are segment boundaries."""
+    if not blocks:
+        return []
+    n = len(blocks)
+    sizes = np.fromiter(map(_size, blocks), dtype=np.int64, count=n)
+    free = np.array([b.storage is None for b in blocks])
+    movable = np.array([s is not None and _movable(s) for s in map(_storage, blocks)])
+    segments = (None if blocks[0].segment == blocks[-1].segment else
+                np.fromiter(map(_segment, blocks), dtype=np.int64, count=n))
+    starts, ends = covering_runs(sizes, ~(free | movable), need, segments)
+    if ends.size == 0:
+        return []
+    moved = np.concatenate(([0], np.cumsum(np.where(movable, sizes, 0))))
+    cost = moved[ends + 1] - moved[starts]
+    holes = np.flatnonzero(free).tolist()
+    for r in np.lexsort((starts, cost))[:tries].tolist():
+        i, j = int(starts[r]), int(ends[r])
+        movers = [s for s in map(_storage, blocks[i: j + 1]) if s is not None and _movable(s)]
+        plan = _fit(alloc, blocks, [k for k in holes if k < i or k > j], movers)
+        if plan is not None:
+            return plan
+    return []
+
+
+def sliding_moves(blocks: list[Block], need: int, room: int) -> list[Storage]:
+    """Storages to slide down, in address order, so that the free blocks of a run of
+    ``blocks`` merge into one of ``need`` bytes or more at its end: of the runs between
+    storages that cannot move whose free bytes cover ``need``, the one with the fewest
+    bytes to slide; empty when there is none. Its storages need no hole elsewhere, only
+    ``room`` (the pool's free bytes) for the copy of each in turn, so it works where moving
+    a run's storages out does not (free bytes split into holes smaller than them)."""
+    if not blocks:
+        return []
+    n = len(blocks)
+    sizes = np.fromiter(map(_size, blocks), dtype=np.int64, count=n)
+    free = np.array([b.storage is None for b in blocks])
+    movable = np.array([s is not None and _movable(s) and s.nbytes <= room
+                        for s in map(_storage, blocks)])
+    segments = (None if blocks[0].segment == blocks[-1].segment else
+                np.fromiter(map(_segment, blocks), dtype=np.int64, count=n))
+    starts, ends = covering_runs(np.where(free, sizes, 0), ~(free | movable), need, segments)
+    if ends.size == 0:
+        return []
+    moved = np.concatenate(([0], np.cumsum(np.where(movable, sizes, 0))))
+    cost = moved[ends + 1] - moved[starts]
+    r = int(np.lexsort((starts, cost))[0])
+    return [s for s in map(_storage, blocks[int(starts[r]): int(ends[r]) + 1])
+            if s is not None]
+
+
+def evacuating_moves(alloc: Allocator, blocks: list[Block],
+                     deficit: int) -> list[tuple[Storage, Block]]:
+    """Moves that empty whole segments of ``blocks`` (one pool's, in address order) worth
+    ``deficit`` bytes, so that they are released and a new segment fits: the segments with
+    the fewest movable bytes first, their storages fit, best fit and largest first, in the
+    free blocks of the others; empty when that does not work."""
+    segments: dict[int, list[int]] = {}
+    for k, b in enumerate(blocks):
+        segments.setdefault(b.segment, []).append(k)
+    loads = []
+    for ks in segments.values():
+        owners = [s for s in (blocks[k].storage for k in ks) if s is not None]
+        if owners and all(_movable(s) for s in owners):  # (idle ones are counted already)
+            loads.append((sum(blocks[k].size for k in ks if blocks[k].storage is not None),
+                          -sum(blocks[k].size for k in ks), ks))
+    loads.sort(key=lambda x: (x[0], x[1]))
+    chosen: set[int] = set()
+    freed = 0
+    for _, size, ks in loads:
+        if freed >= deficit:
+            break
+        chosen.update(ks)
+        freed -= size
+    if freed < deficit:
+        return []
+    holes = [k for k, b in enumerate(blocks) if b.storage is None and k not in chosen]
+    movers = [s for s in (blocks[k].storage for k in sorted(chosen)) if s is not None]
+    plan = _fit(alloc, blocks, holes, movers)
+    return plan or []
+
+
+def _movable(s: Storage) -> bool:
+    """Can ``s`` move? Every storage the engine computed can, pinned or not, locked by the
+    running op or not (an op reads its inputs when it runs, after room is made); a leaf the
+    program put in (a parameter, a batch) never does, its memory being the program's, nor
+    does the bare duplicate a recomputation holds for an output that is still resident."""
+    return bool(s.tensors) and s.tensors[0].producer is not None
+
+
+def _fit(alloc: Allocator, blocks: list[Block], holes: list[int],
+         movers: list[Storage]) -> list[tuple[Storage, Block]] | None:
+    """Best fit, largest first, of ``movers`` into the free blocks ``holes``; None if one
+    fits nowhere."""
+    left = sorted((blocks[k].size, k) for k in holes)
+    plan = []
+    for s in sorted(movers, key=lambda s: -s.nbytes):
+        size = alloc.block_bytes(s.nbytes)
+        at = bisect_left(left, (size, -1))
+        if at == len(left):
+            return None
+        room, k = left.pop(at)
+        plan.append((s, blocks[k]))
+        room = alloc.left_after(blocks[k], room, size)
+        if room:
+            insort(left, (room, k))
+    return plan

@@ -1,0 +1,203 @@
+"""dtr-compact, the default policy: DTR's choices on an address-ordered pool, with
+fragmentation undone by moving live tensors; "default" names it everywhere.
+
+Moves must keep the pool consistent and lose no data (the property tests run every policy,
+this one included, with a symbolic executor that fails on a moved value it does not hold);
+here: a hand-made fragmented pool, random programs where moves do happen on both layouts,
+the live runtime's gradients and real memory with moves, and the same decisions on every run.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_properties import SymbolicExecutor, programs, reference, run_program
+from test_runtime import MODELS, assert_same, reset, train_step
+
+import membudget
+from membudget.bench.meter import StorageMeter
+from membudget.core import Engine
+from membudget.core.executor import SimulatedExecutor
+from membudget.core.policies import DEFAULT_POLICY, make_policy
+from membudget.errors import EngineError, OutOfBudget
+from membudget.sim.simulate import copy_executor, simulate
+from membudget.trace.synthetic import resnet_step
+
+
+def fragmented(policy: str) -> tuple[Engine, list]:
+    """A 100 B best-fit pool holding a 10 B leaf and three 30 B activations, the outer two
+    then evicted: 60 B free in two holes of 30 B around the middle one."""
+    eng = Engine(100, policy, "best-fit")
+    x = eng.put(10)
+    a, b, c = (eng.apply(f"op{k}", [x], [30], cost=5.0)[0] for k in range(3))
+    assert [t.storage.block.addr for t in (a, b, c)] == [10, 40, 70]
+    assert eng.evict(a) and eng.evict(c)
+    return eng, [x, a, b, c]
+
+
+def test_a_move_instead_of_an_eviction_when_free_bytes_are_split():
+    eng, (x, _, b, _) = fragmented("dtr-compact")
+    (d,) = eng.apply("op3", [x], [40], cost=5.0)
+    st_ = eng.stats
+    assert (st_.moves, st_.moved_bytes, st_.evictions) == (1, 30, 2)  # the two made by hand
+    assert b.storage.resident and d.storage.resident and eng.used_bytes == 80
+    eng.allocator.check()
+    # DTR's own choice on the same pool must evict to make one block
+    eng2, (x2, *_) = fragmented("dtr")
+    eng2.apply("op3", [x2], [40], cost=5.0)
+    assert eng2.stats.evictions == 3 and eng2.stats.moves == 0
+
+
+def test_a_move_costs_what_the_executor_prices_and_counts_in_the_executed_cost():
+    eng, (x, *_rest) = fragmented("dtr-compact")
+    eng.executor = SimulatedExecutor(copy_ns_per_byte=0.5, copy_launch=100.0)
+    before = eng.stats.executed_cost
+    eng.apply("op3", [x], [40], cost=5.0)
+    assert eng.stats.move_cost == 100.0 + 2 * 30 * 0.5
+    assert eng.stats.executed_cost == before + 5.0 + eng.stats.move_cost
+    # the simulator prices it on the trace's device spec (an A100 where none is named)
+    assert copy_executor({}).copy_ns_per_byte < copy_executor(
+        {"device_spec": "titan-v"}).copy_ns_per_byte
+
+
+def test_leaves_never_move_and_the_engine_refuses_to_move_one():
+    eng = Engine(100, "dtr-compact", "best-fit")
+    x = eng.put(10)
+    with pytest.raises(EngineError, match="cannot move"):
+        eng._relocate([(x.storage, eng.allocator.layout()[-1])])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instrs=programs(), fraction=st.sampled_from([0.4, 0.5, 0.6, 0.75, 0.9]),
+       allocator=st.sampled_from(["best-fit", "torch-caching", "segregated"]))
+def test_moves_keep_every_value_and_the_pool_consistent(instrs, fraction, allocator):
+    expected, ref = reference(instrs)
+    budget = int(ref.peak_bytes * fraction)
+    eng = Engine(budget, "dtr-compact", allocator, SymbolicExecutor())
+    try:
+        reads = run_program(instrs, eng, check=True)
+    except OutOfBudget:
+        return
+    assert reads == expected
+    assert eng.peak_bytes <= budget
+
+
+@pytest.mark.parametrize("allocator", ["segregated", "best-fit"])
+def test_on_a_best_fit_pool_it_makes_dtrs_choices_on_the_ideal_pool_plus_moves(allocator):
+    """On a synthetic ResNet step at budgets where moves always find room, the victims are
+    exactly those of DTR on the fungible pool, and the overhead is DTR's plus the copies;
+    DTR's own choices on the same address-ordered pool need many more evictions."""
+    trace = resnet_step(depth=8, batch=64)
+    for ratio in (0.7, 0.5):
+        engines: list[Engine] = []
+        r = simulate(trace, "dtr-compact", ratio=ratio, allocator=allocator,
+                     on_engine=engines.append)
+        engines[0].allocator.check()
+        fungible = simulate(trace, "dtr", ratio=ratio, allocator="fungible")
+        plain = simulate(trace, "dtr", ratio=ratio, allocator=allocator)
+        assert r.status == fungible.status == "ok"
+        assert r.extra["moves"] > 0 and r.peak_bytes <= r.budget_bytes
+        assert (r.evictions, r.remat_ops) == (fungible.evictions, fungible.remat_ops)
+        assert r.executed_cost == pytest.approx(fungible.executed_cost + r.extra["move_cost"])
+        assert plain.evictions > 1.5 * r.evictions
+
+
+def test_on_the_caching_allocators_pool_it_evicts_less_than_dtr_alone():
+    """PyTorch's caching allocator reserves segments: whole segments are emptied by moves
+    so that a new one fits, and fewer values are evicted than by DTR on the same pool."""
+    trace = resnet_step(depth=8, batch=64)
+    for ratio in (0.7, 0.5):
+        engines: list[Engine] = []
+        r = simulate(trace, "dtr-compact", ratio=ratio, allocator="torch-caching",
+                     on_engine=engines.append)
+        engines[0].allocator.check()
+        plain = simulate(trace, "dtr", ratio=ratio, allocator="torch-caching")
+        assert r.status == plain.status == "ok" and r.extra["moves"] > 0
+        assert r.evictions < plain.evictions and r.overhead < plain.overhead
+
+
+def test_default_names_the_default_policy_everywhere():
+    assert type(make_policy("default")) is type(make_policy(DEFAULT_POLICY))
+    with membudget.budget("1 MiB") as session:
+        torch.ones(4) * 2
+    assert session.policy == DEFAULT_POLICY
+    with pytest.raises(membudget.MembudgetError, match="unknown cost"):
+        membudget.budget("1 MiB", cost="wall clock")
+
+
+def test_live_moves_keep_gradients_bitwise_and_real_memory_within_the_budget():
+    """GPT-2 (tiny) at 0.5 of its peak moves values in the live runtime: the gradients equal
+    the unconstrained run's, and a meter of live storages outside the engine (a dispatch
+    mode around the session) never sees more than the budget."""
+    model, loss_fn = MODELS["gpt2"]()
+    state = copy.deepcopy(model.state_dict())
+    reset(model, state)
+    ref_loss = train_step(model, loss_fn).detach()
+    ref = (ref_loss, [p.grad.clone() for p in model.parameters()])
+    reset(model, state)
+    with membudget.budget(10**10) as free:
+        train_step(model, loss_fn)
+    nbytes = int(free.stats.peak_bytes * 0.5)
+    reset(model, state)
+    with StorageMeter() as meter, membudget.budget(nbytes) as session:
+        loss = train_step(model, loss_fn)
+    assert session.stats.moves > 0
+    assert session.stats.peak_bytes <= nbytes
+    assert_same(model, loss, ref)
+    assert meter.peak_bytes <= nbytes
+
+
+DECISIONS = textwrap.dedent("""
+    import hashlib, json, sys
+    sys.path.insert(0, sys.argv[1])
+    from test_runtime import MODELS, reset, train_step
+    import copy, membudget
+    model, loss_fn = MODELS["gpt2"]()
+    state = copy.deepcopy(model.state_dict())
+
+    class Log:
+        def __init__(self):
+            self.events = []
+        def on_alloc(self, s, b):
+            self.events.append(("alloc", s.id, b.addr, b.size))
+        def on_free(self, s, b):
+            self.events.append(("free", s.id, b.addr, b.size))
+        def on_segment(self, action, addr, size):
+            self.events.append((action, addr, size))
+
+    reset(model, state)
+    log = Log()
+    with membudget.budget(int(sys.argv[2])) as session:
+        session.engine.allocator.observer = log
+        train_step(model, loss_fn)
+    st = session.stats
+    print(json.dumps({"evictions": st.evictions, "remat_ops": st.remat_ops,
+                      "moves": st.moves,
+                      "layout": hashlib.sha256(repr(log.events).encode()).hexdigest()}))
+""")
+
+
+def test_the_same_program_and_budget_make_the_same_decisions_in_fresh_processes(tmp_path):
+    """Every eviction, recomputation and move (the pool's whole history of placements and
+    frees) is the same in two fresh processes: costs come from the cost model."""
+    script = tmp_path / "decide.py"
+    script.write_text(DECISIONS)
+    tests = str(__import__("pathlib").Path(__file__).parent)
+    model, loss_fn = MODELS["gpt2"]()
+    with membudget.budget(10**10) as free:
+        train_step(model, loss_fn)
+    nbytes = str(int(free.stats.peak_bytes * 0.5))
+    runs = [json.loads(subprocess.run([sys.executable, str(script), tests, nbytes],
+                                      capture_output=True, text=True, check=True,
+                                      timeout=300).stdout.splitlines()[-1])
+            for _ in range(2)]
+    assert runs[0]["evictions"] > 0 and runs[0]["moves"] > 0
+    assert runs[0] == runs[1]
