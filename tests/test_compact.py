@@ -201,3 +201,42 @@ def test_the_same_program_and_budget_make_the_same_decisions_in_fresh_processes(
             for _ in range(2)]
     assert runs[0]["evictions"] > 0 and runs[0]["moves"] > 0
     assert runs[0] == runs[1]
+
+
+def test_pinned_state_at_the_top_and_sliding_complete_a_step_plain_best_fit_cannot():
+    """An MLP whose parameters and gradients take most of the budget: the targets, adopted
+    late, and the pinned gradients split the free bytes. With both at the top or moved, and
+    the rest slid together when nothing is left to evict, the default completes at 0.95 of
+    the peak with exact gradients; without either it runs out of one free block, and so
+    does coop."""
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = [torch.nn.Linear(512, 768)]
+    for _ in range(4):
+        layers += [torch.nn.ReLU(), torch.nn.Linear(768, 768)]
+    model = torch.nn.Sequential(*layers, torch.nn.ReLU(), torch.nn.Linear(768, 10))
+    x, y = torch.randn(1024, 512), torch.randint(0, 10, (1024,))
+    state = copy.deepcopy(model.state_dict())
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return loss.detach(), [p.grad for p in model.parameters()]
+
+    ref = step()
+    ref = (ref[0], [g.clone() for g in ref[1]])
+    with membudget.budget(10**10) as free:
+        step()
+    nbytes = int(free.stats.peak_bytes * 0.95)
+    model.load_state_dict(state)
+    with membudget.budget(nbytes) as session:
+        loss, grads = step()
+    assert session.stats.moves > 0 and session.stats.peak_bytes <= nbytes
+    assert torch.equal(loss, ref[0])
+    assert all(torch.equal(g, r) for g, r in zip(grads, ref[1], strict=True))
+    for policy, allocator in (("default", "best-fit"), ("dtr-compact-noslide", None),
+                              ("coop", None)):
+        model.load_state_dict(state)
+        with (pytest.raises(membudget.BudgetTooSmallError, match="one free block"),
+              membudget.budget(nbytes, policy, allocator=allocator)):
+            step()

@@ -119,7 +119,7 @@ def simulate(
         return
     s = result.search_us
     f = result.fragmentation
-    out.print(f"[bold]{result.trace}[/] · {policy} on {result.allocator}, in-place "
+    out.print(f"[bold]{result.trace}[/] · {result.policy} on {result.allocator}, in-place "
               f"{result.inplace} · {semantics} semantics")
     out.print(f"status        {result.status}" + (f" — {result.message}" if result.message
                                                  else ""))
@@ -305,7 +305,7 @@ def timeline(
     result = run(tr, policy, ratio=ratio, allocator=allocator, inplace=inplace,
                  on_engine=lambda engine: recorders.append(Recorder(engine)))
     rec = recorders[0]
-    title = (f"{result.trace}: {policy} on {result.allocator} at ratio {ratio:g} — "
+    title = (f"{result.trace}: {result.policy} on {result.allocator} at ratio {ratio:g} — "
              f"{result.status}, overhead {100 * result.overhead:.1f}%")
     err.print(f"wrote {plot_timeline(rec, output, title=title)}")
     if snapshot:
