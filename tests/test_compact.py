@@ -240,3 +240,17 @@ def test_pinned_state_at_the_top_and_sliding_complete_a_step_plain_best_fit_cann
         with (pytest.raises(membudget.BudgetTooSmallError, match="one free block"),
               membudget.budget(nbytes, policy, allocator=allocator)):
             step()
+
+
+def test_a_recorded_plan_and_a_plan_followed_keep_the_moves():
+    """Recording the default's decisions (the planner of planned mode) and following them
+    wrap the policy: its moves must go through the wrappers, so both runs match the plain
+    one instead of falling back to DTR's choices alone on the address-ordered pool."""
+    trace = resnet_step(depth=8, batch=64)
+    plain = simulate(trace, "default", ratio=0.5)
+    recorded = simulate(trace, "default", ratio=0.5, record_plan=True)
+    followed = simulate(trace, "default", ratio=0.5, plan=recorded.eviction_plan)
+    assert plain.extra["moves"] > 0
+    for r in (recorded, followed):
+        assert r.status == "ok"
+        assert (r.evictions, r.extra["moves"]) == (plain.evictions, plain.extra["moves"])

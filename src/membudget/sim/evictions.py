@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from membudget.core.allocators import Block
 from membudget.core.engine import Engine
 from membudget.core.policies import Policy, make_policy
 from membudget.core.pool import CandidatePool
@@ -128,6 +129,10 @@ class _Wrapper(Policy):
     def victims(self, pool: CandidatePool, clock: float, request: Storage) -> list[Storage]:
         return self.inner.victims(pool, clock, request)
 
+    def relocations(self, pool: CandidatePool, clock: float,
+                    request: Storage) -> list[tuple[Storage, Block | None]]:
+        return self.inner.relocations(pool, clock, request)
+
     def on_evict(self, s: Storage) -> None:
         self.inner.on_evict(s)
 
@@ -142,6 +147,7 @@ def _subclass(cls: type[_Wrapper], inner: Policy) -> type:
     """``cls`` for wrapping ``inner``: it keeps the wrapped policy's defaults."""
     return type(f"{cls.__name__}_{type(inner).__name__}", (cls,), {
         "needs_layout": inner.needs_layout, "reads_free_adj": inner.reads_free_adj,
+        "relocates": inner.relocates,
         "default_allocator": inner.default_allocator,
         "default_inplace": inner.default_inplace})
 

@@ -24,19 +24,12 @@ class SegregatedAllocator(BestFitAllocator):
     name = "segregated"
 
     def allocate(self, s: Storage) -> bool:
-        n = s.nbytes
-        if n == 0:
-            return True
-        if s.pinned:
-            hole = self._topmost_fit(n)
-            if hole is None:
-                return False
-            self._place(hole, s, low=False)
-            return True
-        hole = self._best_fit(n)
+        if not (s.pinned and s.nbytes):
+            return super().allocate(s)
+        hole = self._topmost_fit(s.nbytes)
         if hole is None:
             return False
-        self._place(hole, s, self._at_low_end(s))
+        self._place(hole, s, low=False)
         return True
 
     def _topmost_fit(self, n: int) -> Block | None:
