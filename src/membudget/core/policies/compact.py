@@ -42,26 +42,23 @@ class DTRCompact(DTR):
     relocates = True
     default_allocator = "segregated"
 
-    def __init__(self, fallback: str = "dtr", tries: int = 8, move: bool = True,
-                 slide: bool = True) -> None:
+    def __init__(self, fallback: str = "dtr", tries: int = 8, slide: bool = True) -> None:
         """``fallback``: what to evict when free bytes cover the request but no run can be
-        emptied by moves; ``tries``: cheapest runs checked for room per search; ``move``:
-        False turns moves off (an ablation: DTR's choices on the address-ordered pool);
-        ``slide``: False never slides a run's storages together (an ablation)."""
+        emptied by moves; ``tries``: cheapest runs checked for room per search; ``slide``:
+        False never slides a run's storages together (an ablation)."""
         if fallback not in FALLBACKS:
             raise MembudgetError(f"unknown fallback {fallback!r}; known: {', '.join(FALLBACKS)}")
         if tries < 1:
             raise MembudgetError(f"tries must be >= 1, got {tries}")
         self.fallback = fallback
         self.tries = tries
-        self.move = move
         self.slide = slide
 
     def relocations(self, pool: CandidatePool, clock: float,
                     request: Storage) -> list[tuple[Storage, Block | None]]:
         alloc = self.engine.allocator
         need = alloc.block_bytes(request.nbytes)
-        if not (self.move and alloc.has_layout) or alloc.free_bytes < need:
+        if not alloc.has_layout or alloc.free_bytes < need:
             return []
         blocks = alloc.layout(request)
         moves: list[tuple[Storage, Block | None]] = []
@@ -84,6 +81,26 @@ class DTRCompact(DTR):
         return [self.choose(pool, clock)]
 
 
+def _runs(blocks: list[Block], need: int, free_only: bool, room: int | None = None
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The runs of ``blocks`` between storages that cannot move (and segment boundaries)
+    that cover ``need`` bytes, each the shortest ending where it ends (``covering_runs``):
+    counting free and movable bytes, or (``free_only``) free bytes alone. Returns their
+    starts, ends and the bytes of movable storages in each. With ``room``, a storage of
+    more bytes than that cannot move."""
+    n = len(blocks)
+    sizes = np.fromiter(map(_size, blocks), dtype=np.int64, count=n)
+    free = np.array([b.storage is None for b in blocks])
+    movable = np.array([s is not None and _movable(s) and (room is None or s.nbytes <= room)
+                        for s in map(_storage, blocks)])
+    segments = (None if blocks[0].segment == blocks[-1].segment else
+                np.fromiter(map(_segment, blocks), dtype=np.int64, count=n))
+    starts, ends = covering_runs(np.where(free, sizes, 0) if free_only else sizes,
+                                 ~(free | movable), need, segments)
+    moved = np.concatenate(([0], np.cumsum(np.where(movable, sizes, 0))))
+    return starts, ends, moved[ends + 1] - moved[starts]
+
+
 def emptying_moves(alloc: Allocator, blocks: list[Block], need: int,
                    tries: int) -> list[tuple[Storage, Block]]:
     """Moves that empty a run of ``blocks`` covering ``need`` bytes: of the ``tries`` runs
@@ -92,18 +109,8 @@ def emptying_moves(alloc: Allocator, blocks: list[Block], need: int,
     cannot move are barriers, as are segment boundaries."""
     if not blocks:
         return []
-    n = len(blocks)
-    sizes = np.fromiter(map(_size, blocks), dtype=np.int64, count=n)
-    free = np.array([b.storage is None for b in blocks])
-    movable = np.array([s is not None and _movable(s) for s in map(_storage, blocks)])
-    segments = (None if blocks[0].segment == blocks[-1].segment else
-                np.fromiter(map(_segment, blocks), dtype=np.int64, count=n))
-    starts, ends = covering_runs(sizes, ~(free | movable), need, segments)
-    if ends.size == 0:
-        return []
-    moved = np.concatenate(([0], np.cumsum(np.where(movable, sizes, 0))))
-    cost = moved[ends + 1] - moved[starts]
-    holes = np.flatnonzero(free).tolist()
+    starts, ends, cost = _runs(blocks, need, free_only=False)
+    holes = [k for k, b in enumerate(blocks) if b.storage is None]
     for r in np.lexsort((starts, cost))[:tries].tolist():
         i, j = int(starts[r]), int(ends[r])
         movers = [s for s in map(_storage, blocks[i: j + 1]) if s is not None and _movable(s)]
@@ -122,18 +129,9 @@ def sliding_moves(blocks: list[Block], need: int, room: int) -> list[Storage]:
     a run's storages out does not (free bytes split into holes smaller than them)."""
     if not blocks:
         return []
-    n = len(blocks)
-    sizes = np.fromiter(map(_size, blocks), dtype=np.int64, count=n)
-    free = np.array([b.storage is None for b in blocks])
-    movable = np.array([s is not None and _movable(s) and s.nbytes <= room
-                        for s in map(_storage, blocks)])
-    segments = (None if blocks[0].segment == blocks[-1].segment else
-                np.fromiter(map(_segment, blocks), dtype=np.int64, count=n))
-    starts, ends = covering_runs(np.where(free, sizes, 0), ~(free | movable), need, segments)
+    starts, ends, cost = _runs(blocks, need, free_only=True, room=room)
     if ends.size == 0:
         return []
-    moved = np.concatenate(([0], np.cumsum(np.where(movable, sizes, 0))))
-    cost = moved[ends + 1] - moved[starts]
     r = int(np.lexsort((starts, cost))[0])
     return [s for s in map(_storage, blocks[int(starts[r]): int(ends[r]) + 1])
             if s is not None]
