@@ -416,12 +416,18 @@ def test_ctrl_c_returns_the_best_packing_so_far(buffers: int, what: str) -> None
     import threading
 
     p = perfect_problem(buffers, seed=11)
-    timer = threading.Timer(2.0, _thread.interrupt_main)
-    timer.start()
+    timers: list[threading.Timer] = []
+
+    def progress(message: str) -> None:  # Ctrl-C half a second into the search
+        if "greedy packers" in message and not timers:  # (said once the greedy phase ends)
+            timers.append(threading.Timer(0.5, _thread.interrupt_main))
+            timers[0].start()
+
     try:
-        r = pack(p, time_limit=60)
+        r = pack(p, time_limit=60, progress=progress)
     finally:
-        timer.cancel()
+        for timer in timers:
+            timer.cancel()
     assert r.interrupted and "interrupted after" in r.message and r.seconds < 10
     assert what in r.searched
     assert validate(p, r.offsets) == r.height <= r.greedy_height
