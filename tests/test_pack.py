@@ -406,29 +406,49 @@ def test_pack_command_keeps_its_time_limit_on_20000_buffers(tmp_path: Path) -> N
     assert validate(solved) == int(result.output.split()[1].replace(",", ""))
 
 
+CTRL_C = """
+import json, sys, threading
+from membudget.plan.pack import pack
+from membudget.plan.packing.perfect import perfect_problem
+from membudget.plan.validate import validate
+
+def progress(message):
+    if "greedy packers" in message:  # the greedy phase ended: the search starts
+        print("searching", flush=True)
+
+p = perfect_problem(int(sys.argv[1]), seed=11)
+r = pack(p, time_limit=60, progress=progress)
+print(json.dumps({"interrupted": r.interrupted, "message": r.message, "seconds": r.seconds,
+                  "searched": r.searched, "valid": validate(p, r.offsets) == r.height,
+                  "no worse": r.height <= r.greedy_height,
+                  "threads": sum(t.is_alive() for t in threading.enumerate()) - 1}))
+"""
+
+
 @pytest.mark.parametrize(("buffers", "what"), [(500, "canonical search by restarts"),
                                                (EXACT_MAX_BUFFERS + 500, "windowed CP-SAT")])
 def test_ctrl_c_returns_the_best_packing_so_far(buffers: int, what: str) -> None:
     """Ctrl-C during the search (in the race of solver threads, or between windows) stops
     it: the best valid packing so far comes back, named as interrupted, with every solver
-    thread stopped."""
-    import _thread
-    import threading
+    thread stopped. The Ctrl-C is a real SIGINT, sent to a process of its own half a second
+    after its greedy phase ended."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
 
-    p = perfect_problem(buffers, seed=11)
-    timers: list[threading.Timer] = []
-
-    def progress(message: str) -> None:  # Ctrl-C half a second into the search
-        if "greedy packers" in message and not timers:  # (said once the greedy phase ends)
-            timers.append(threading.Timer(0.5, _thread.interrupt_main))
-            timers[0].start()
-
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C, str(buffers)],
+                            stdout=subprocess.PIPE, text=True)
     try:
-        r = pack(p, time_limit=60, progress=progress)
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "searching"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
     finally:
-        for timer in timers:
-            timer.cancel()
-    assert r.interrupted and "interrupted after" in r.message and r.seconds < 10
-    assert what in r.searched
-    assert validate(p, r.offsets) == r.height <= r.greedy_height
-    assert not any(t.daemon and t.is_alive() for t in threading.enumerate())
+        proc.kill()
+    r = json.loads(out.splitlines()[-1])
+    assert r["interrupted"] and "interrupted after" in r["message"] and r["seconds"] < 10
+    assert what in r["searched"]
+    assert r["valid"] and r["no worse"] and r["threads"] == 0
