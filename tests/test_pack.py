@@ -407,7 +407,10 @@ def test_pack_command_keeps_its_time_limit_on_20000_buffers(tmp_path: Path) -> N
 
 
 CTRL_C = """
-import json, sys, threading
+import json, signal, sys, threading
+# a Ctrl-C must reach it whatever it inherits (ignored by a shell's & job, or blocked)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 from membudget.plan.pack import pack
 from membudget.plan.packing.perfect import perfect_problem
 from membudget.plan.validate import validate
