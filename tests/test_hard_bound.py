@@ -19,7 +19,8 @@ from membudget.bench.meter import StorageMeter
 from membudget.errors import RecomputationError
 
 
-def gpt2():
+def gpt2_model() -> torch.nn.Module:
+    """A small GPT-2 (4 layers, 64 wide, vocabulary 512), built after seeding with 0."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
@@ -27,7 +28,11 @@ def gpt2():
                      bos_token_id=0, eos_token_id=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = GPT2LMHeadModel(cfg)
+        return GPT2LMHeadModel(cfg)
+
+
+def gpt2():
+    model = gpt2_model()
     ids = torch.randint(0, 512, (4, 64))
     return model, lambda m: m(input_ids=ids, labels=ids).loss
 

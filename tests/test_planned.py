@@ -11,10 +11,10 @@ the machine's speed; without waiting, a step simply runs dynamically until a pla
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 import torch
+from test_hard_bound import gpt2_model
 
 import membudget
 from membudget import MembudgetError, UnknownNameError
@@ -35,14 +35,7 @@ def one_thread():
 
 
 def gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    cfg = GPT2Config(n_embd=64, n_layer=4, n_head=4, n_positions=64, vocab_size=512,
-                     bos_token_id=0, eos_token_id=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = GPT2LMHeadModel(cfg)
+    model = gpt2_model()
     ids = {n: torch.randint(0, 512, (4, n), generator=torch.Generator().manual_seed(n))
            for n in (48, 64)}
     return model, ids
