@@ -345,7 +345,7 @@ def test_remat_cost_limit_raises_thrashed():
     assert eng.stats.remat_cost == 20
     with pytest.raises(Thrashed) as ei:
         eng.get_value(xs[3])
-    assert ei.value.remat_cost == 30 and ei.value.limit_cost == 20
+    assert ei.value.extra_cost == 30 and ei.value.limit_cost == 20
     assert all(s.locks == 0 for s in {x.storage for x in xs})
 
 

@@ -50,6 +50,8 @@ ALLOCATOR_HELP = ("Memory pool: fungible, best-fit, two-sided or torch-caching (
                   "policy's own; coop: two-sided, dte/megengine: best-fit, else fungible).")
 INPLACE_HELP = ("In-place writes: cow (copy-on-write) or remat (recomputable in-place; "
                 "default for coop).")
+SWAP_HELP = ("Where evicted values go: off (dropped and recomputed), only (copied to host "
+             "memory and back) or both (whichever is cheaper to undo).")
 
 
 @import_app.command("dtr-log")
@@ -74,6 +76,7 @@ def simulate(
                                              "see the README).")] = "default",
     allocator: Annotated[str | None, typer.Option(help=ALLOCATOR_HELP)] = None,
     inplace: Annotated[str | None, typer.Option(help=INPLACE_HELP)] = None,
+    swap: Annotated[str, typer.Option(help=SWAP_HELP)] = "off",
     ratio: Annotated[float | None, typer.Option(help="Budget as a fraction of the "
                                                      "unconstrained peak.")] = None,
     budget: Annotated[str | None, typer.Option(help="Budget in bytes (units allowed: "
@@ -104,13 +107,13 @@ def simulate(
     base = measure_baseline(tr)
     result = run(tr, policy, ratio=ratio, budget=nbytes, semantics=semantics,
                  overhead_limit=_limit(overhead_limit), seed=seed, allocator=allocator,
-                 inplace=inplace, baseline=base)
+                 inplace=inplace, baseline=base, swap=swap)
     limits = None
     if min_budget:
         with err.status("bisecting the minimum and cutoff budgets"):
             limits = budget_limits(tr, policy, allocator=allocator, inplace=inplace,
                                    semantics=semantics, overhead_limit=_limit(overhead_limit),
-                                   baseline=base, seed=seed)
+                                   baseline=base, seed=seed, swap=swap)
     if as_json:
         obj = result.to_json()
         if limits is not None:
@@ -120,7 +123,7 @@ def simulate(
     s = result.search_us
     f = result.fragmentation
     out.print(f"[bold]{result.trace}[/] · {result.policy} on {result.allocator}, in-place "
-              f"{result.inplace} · {semantics} semantics")
+              f"{result.inplace}, swap {result.swap} · {semantics} semantics")
     out.print(f"status        {result.status}" + (f" — {result.message}" if result.message
                                                  else ""))
     out.print(f"budget        {format_bytes(result.budget_bytes)} "
@@ -130,6 +133,13 @@ def simulate(
               f"{result.baseline_cost:.4g}")
     out.print(f"evictions     {result.evictions} (+{result.eager_evictions} on release), "
               f"remat ops {result.remat_ops}")
+    x = result.extra
+    if result.swap != "off":
+        out.print(f"swaps         {x['swap_outs']} out, {x['swap_ins']} in, "
+                  f"{format_bytes(x['swapped_bytes'])} copied to host ({x['backups']} backed "
+                  f"up and {x['prefetches']} brought back ahead), waits {x['swap_stall']:.4g}, "
+                  "host peak "
+                  f"{format_bytes(x['host_peak'])}")
     out.print(f"search        p50 {s['p50']:.1f} µs, p99 {s['p99']:.1f} µs, max {s['max']:.1f} "
               f"µs over {s.get('count', 0)} failed allocations")
     out.print(f"fragmentation mean {100 * f['mean']:.1f}%, max {100 * f['max']:.1f}% of the pool "
@@ -225,6 +235,8 @@ def sweep(
         "dtr,dtr-eq,msps,lru,size",
     allocator: Annotated[str | None, typer.Option(help=ALLOCATOR_HELP)] = None,
     inplace: Annotated[str | None, typer.Option(help=INPLACE_HELP)] = None,
+    swap: Annotated[str, typer.Option(help="Comma-separated swap modes, each method run "
+                                           "under each: " + SWAP_HELP)] = "off",
     ratios: Annotated[str, typer.Option(help="Comma-separated budget ratios.")] =
         "0.9,0.7,0.5,0.4,0.3,0.2",
     semantics: Annotated[str, typer.Option(help="membudget or simrd.")] = "membudget",
@@ -255,15 +267,17 @@ def sweep(
 
         with _capture_progress("capturing zoo models") as progress:
             sources = zoo_sources(sources, batch, device_spec, progress)
+    swaps = _names(swap)
     results = run(sources, methods, _floats(ratios, "--ratios"), semantics=semantics,
-                  overhead_limit=_limit(overhead_limit), workers=workers or None, console=err)
+                  overhead_limit=_limit(overhead_limit), workers=workers or None, console=err,
+                  swaps=swaps)
     out.print(overhead_table(results))
     out.print(metrics_table(results))
     found = []
     if min_budget:
         found = bisect(sources, methods, semantics=semantics,
                        overhead_limit=_limit(overhead_limit), workers=workers or None,
-                       console=err)
+                       console=err, swaps=swaps)
         out.print(limits_table(found))
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)

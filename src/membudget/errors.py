@@ -55,14 +55,15 @@ class OutOfBudget(MembudgetError, MemoryError):
 
 
 class Thrashed(MembudgetError):
-    """Recomputation exceeded the overhead limit (the run is judged as not completing)."""
+    """The work beyond the program's own ops (recomputations, moves, waits for host copies)
+    exceeded the overhead limit (the run is judged as not completing)."""
 
-    def __init__(self, remat_cost: float, limit_cost: float) -> None:
-        self.remat_cost = remat_cost
+    def __init__(self, extra_cost: float, limit_cost: float) -> None:
+        self.extra_cost = extra_cost
         self.limit_cost = limit_cost
         super().__init__(
-            f"recomputation cost {remat_cost:.4g} exceeded the overhead limit "
-            f"({limit_cost:.4g}); raise the budget or the overhead limit")
+            f"recomputation, moves and waits for host copies cost {extra_cost:.4g}, past the "
+            f"overhead limit ({limit_cost:.4g}); raise the budget or the overhead limit")
 
 
 class TraceError(MembudgetError, ValueError):

@@ -6,11 +6,13 @@ import multiprocessing as mp
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from membudget.errors import MembudgetError
 from membudget.sim.budgets import BudgetLimits, budget_limits
 from membudget.sim.method import Method
 from membudget.sim.simulate import (
@@ -42,7 +44,7 @@ def _init(traces: list[Trace], baselines: list[Baseline]) -> None:
 def _simulate(job: tuple[int, Method, float], opts: dict[str, Any]) -> SimResult:
     i, m, ratio = job
     r = simulate(_TRACES[i], m.policy, ratio=ratio, baseline=_BASELINES[i],
-                 allocator=m.allocator, inplace=m.inplace, **opts)
+                 allocator=m.allocator, inplace=m.inplace, swap=m.swap, **opts)
     r.method = m.name
     return r
 
@@ -50,13 +52,18 @@ def _simulate(job: tuple[int, Method, float], opts: dict[str, Any]) -> SimResult
 def _limits(job: tuple[int, Method], opts: dict[str, Any]) -> BudgetLimits:
     i, m = job
     return budget_limits(_TRACES[i], m.policy, allocator=m.allocator, inplace=m.inplace,
-                         baseline=_BASELINES[i], method=m.name, **opts)
+                         baseline=_BASELINES[i], method=m.name, swap=m.swap, **opts)
 
 
-def _methods(methods: Sequence[Method | str], semantics: str) -> list[Method]:
-    out = [m if isinstance(m, Method) else Method.parse(m) for m in methods]
+def _methods(methods: Sequence[Method | str], semantics: str,
+             swaps: Sequence[str] = ("off",)) -> list[Method]:
+    """Each method once per swap mode of ``swaps``, checked before any work."""
+    if not swaps:
+        raise MembudgetError("give at least one swap mode")
+    parsed = [m if isinstance(m, Method) else Method.parse(m) for m in methods]
+    out = [replace(m, swap=s) for m in parsed for s in swaps]
     for m in out:  # bad names and combinations fail before any work
-        check_config(m.policy, m.allocator, m.inplace, semantics)
+        check_config(m.policy, m.allocator, m.inplace, semantics, swap=m.swap)
     return out
 
 
@@ -101,11 +108,12 @@ def sweep(traces: Sequence[Trace | str], methods: Sequence[Method | str] = DEFAU
           ratios: Sequence[float] = DEFAULT_RATIOS, *, semantics: str = "membudget",
           overhead_limit: float | None = DEFAULT_OVERHEAD_LIMIT, workers: int | None = None,
           seed: int = 0, console: Console | None = None,
-          progress: bool = True) -> list[SimResult]:
+          progress: bool = True, swaps: Sequence[str] = ("off",)) -> list[SimResult]:
     """Simulate every method (a policy name, ``policy@allocator+inplace`` or a
-    :class:`Method`) at every ratio on every trace; results in (trace, method, ratio)
-    order. Traces are loaded once; ``workers`` processes (default: all cores) share them."""
-    ms = _methods(methods, semantics)
+    :class:`Method`) under every swap mode at every ratio on every trace; results in (trace,
+    method, ratio) order. Traces are loaded once; ``workers`` processes (default: all cores)
+    share them."""
+    ms = _methods(methods, semantics, swaps)
     for r in ratios:
         if not r > 0:
             raise ValueError(f"ratios must be > 0, got {r}")
@@ -121,9 +129,10 @@ def limits(traces: Sequence[Trace | str], methods: Sequence[Method | str] = DEFA
            *, semantics: str = "membudget",
            overhead_limit: float | None = DEFAULT_OVERHEAD_LIMIT, tolerance: float = 0.01,
            workers: int | None = None, seed: int = 0, console: Console | None = None,
-           progress: bool = True) -> list[BudgetLimits]:
-    """The minimum and cutoff budget of every method on every trace, by bisection."""
-    ms = _methods(methods, semantics)
+           progress: bool = True, swaps: Sequence[str] = ("off",)) -> list[BudgetLimits]:
+    """The minimum and cutoff budget of every method under every swap mode on every trace,
+    by bisection."""
+    ms = _methods(methods, semantics, swaps)
     loaded, baselines = _load(traces)
     jobs = [(i, m) for i in range(len(loaded)) for m in ms]
     opts = {"semantics": semantics, "overhead_limit": overhead_limit, "seed": seed,

@@ -4,11 +4,13 @@ It records every op's compute path, evicts storages chosen by a policy *before* 
 would exceed the budget, evicts eagerly what the program releases while a dependent may still
 need it, frees for good what nothing can need any more, and rematerializes evicted tensors on
 demand with an explicit stack (never recursion), so arbitrarily long evicted chains are fine.
+With swapping on, a victim may instead be copied to host memory and copied back when needed.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from time import perf_counter_ns
 
@@ -22,13 +24,15 @@ from membudget.core.stats import Stats
 from membudget.errors import EngineError, OutOfBudget, Thrashed
 
 INPLACE_MODES = ("cow", "remat")
+SWAP_MODES = ("off", "only", "both")
 
 
 class Engine:
     """Runs a program's ops under ``budget`` bytes, recomputing evicted values on demand.
 
-    ``remat_cost_limit`` aborts the run with :class:`Thrashed` once recomputation has cost
-    more than that (the simulator sets it from the overhead limit and the baseline cost).
+    ``remat_cost_limit`` aborts the run with :class:`Thrashed` once recomputations, moves and
+    waits for host copies have cost more than that (the simulator sets it from the overhead
+    limit and the baseline cost).
     ``free_dead`` frees for good a storage that nothing can need any more (no program
     reference, no live dependent); simrd's accounting instead keeps it in the graph as an
     evicted node, and keeps released pinned storages resident. ``keep_released_leaves=False``
@@ -46,13 +50,23 @@ class Engine:
     value's block and turns the old value into an evicted version, recomputable from its
     history; when the old value cannot be recomputed (a leaf) and something may still need
     it, that op falls back to copy-on-write, since correctness beats memory.
+
+    ``swap`` says where a victim goes. "off": it is dropped and recomputed when needed.
+    "only": it is copied to host memory and copied back (no compute history is kept, so
+    nothing is ever recomputed). "both": whichever is cheaper to undo, its recomputation or
+    the copies (see ``_return_cost``); every policy then weighs that price. Copies are
+    priced, and run, by the executor; the ops' waits for them count in the overhead. An
+    executor whose copies overlap the ops gets values backed up to the host ahead of need,
+    oldest first, whenever its link is idle and memory has run short once, and swapped
+    values brought back ahead of need, the last to leave first, while the link back is idle
+    and a block is free for them.
     """
 
     def __init__(self, budget: float, policy: Policy | str = "dtr-eq",
                  allocator: Allocator | str | None = None, executor: Executor | None = None,
                  *, remat_cost_limit: float = math.inf, free_dead: bool = True,
                  keep_released_leaves: bool = True, inplace: str | None = None,
-                 seed: int = 0) -> None:
+                 swap: str = "off", seed: int = 0) -> None:
         self.policy = make_policy(policy, seed=seed) if isinstance(policy, str) else policy
         allocator = allocator or self.policy.default_allocator
         self.allocator = (make_allocator(allocator, budget) if isinstance(allocator, str)
@@ -61,12 +75,33 @@ class Engine:
             raise EngineError(f"policy {self.policy.name!r} reads the address layout, which the "
                               f"{self.allocator.name!r} allocator does not have; use best-fit, "
                               "two-sided or torch-caching")
-        inplace = inplace or self.policy.default_inplace
+        if swap not in SWAP_MODES:
+            raise EngineError(f"unknown swap mode {swap!r}; known: {', '.join(SWAP_MODES)}")
+        if swap == "only" and inplace == "remat":
+            raise EngineError("swap='only' keeps no compute history, so an in-place write "
+                              "cannot leave a recomputable old value; use inplace='cow'")
+        inplace = inplace or ("cow" if swap == "only" else self.policy.default_inplace)
         if inplace not in INPLACE_MODES:
             raise EngineError(f"unknown in-place mode {inplace!r}; known: "
                               f"{', '.join(INPLACE_MODES)}")
         self.executor = executor if executor is not None else SimulatedExecutor()
         self.pool = CandidatePool(track_free_adj=self.policy.reads_free_adj)
+        self.swap = swap
+        self.history = swap != "only"  # compute paths link their outputs to their inputs
+        # the tensors of each swapped storage that were materialized when it left
+        self._held: dict[Storage, list[Tensor]] = {}
+        # storages to back up to the host, oldest first (with an overlapping executor)
+        self._backlog: deque[Storage] | None = None
+        self._gone: list[Storage] = []  # swapped storages, in the order they left
+        self._arriving: dict[Storage, float] = {}  # prefetched storages -> when they are in
+        if swap != "off":
+            try:
+                self.executor.transfer(Storage(0, 0))
+            except NotImplementedError as e:
+                raise EngineError(f"swap={swap!r}: {e}") from None
+            self.pool.price = self._return_cost
+            if self.executor.overlaps:
+                self._backlog = deque()
         self.stats = Stats()
         self.clock = 1.0
         self.remat_cost_limit = remat_cost_limit
@@ -181,6 +216,7 @@ class Engine:
             raise EngineError(f"{op!r}: {len(out_bytes)} output sizes but "
                               f"{len(out_alias)} alias entries")
         kind, clock, ids, cost = self.output_kind, self.clock, self._ids, path.cost
+        history = self.history
         outputs: list[Tensor] = []
         views: list[Storage] | None = None  # input storages that outputs are views of
         # each output is referenced from the start, so nothing frees it on unlock
@@ -196,14 +232,15 @@ class Engine:
                 s.tensors.append(t)
                 outputs.append(t)
                 # _link for a new storage: not pinned, evicted nor a candidate
-                parents = s.parents
-                for i in inputs:
-                    p = i.storage
-                    if p not in parents:
-                        parents[p] = None
-                        p.children[s] = None
-                        if p.evicted:
-                            s.ev_parents += 1
+                if history:
+                    parents = s.parents
+                    for i in inputs:
+                        p = i.storage
+                        if p not in parents:
+                            parents[p] = None
+                            p.children[s] = None
+                            if p.evicted:
+                                s.ev_parents += 1
                 continue
             s = inputs[alias].storage
             ids += 1
@@ -235,12 +272,12 @@ class Engine:
 
     def _link(self, s: Storage, inputs: Sequence[Tensor]) -> None:
         """Make the storages of ``inputs`` parents of ``s`` (each once, in order: parents is
-        an ordered set), unless ``s`` is pinned (never recomputed: its history must not keep
-        its inputs alive)."""
+        an ordered set), unless ``s`` is pinned or nothing is recomputed (its history must
+        not keep its inputs alive)."""
         stale = self.pool.stale
         if s.slot >= 0:
             stale.append(s)
-        if s.pinned:
+        if s.pinned or not self.history:
             return
         parents = s.parents
         for i in inputs:
@@ -282,8 +319,13 @@ class Engine:
             self.stats.eager_evictions += 1
 
     def get_value(self, t: Tensor) -> object:
-        """The program reads ``t``: materialize it (recomputing if evicted) and return its data."""
+        """The program reads ``t``: materialize it (recomputing if evicted, copying it back if
+        swapped) and return its data."""
         self._touch(t.storage)
+        if not t.defined and t.storage.swapped:
+            self._swap_in(t.storage, "a read")
+        elif self._arriving:
+            self._await((t,))
         if not t.defined:
             if t.storage.dead or t.producer is None:
                 raise EngineError(f"{t!r} is not materialized and cannot be recomputed")
@@ -319,6 +361,10 @@ class Engine:
                 frame[1] = i
                 if i < n:
                     t = inputs[i]
+                    if t.storage.swapped:
+                        self._swap_in(t.storage, p.op)
+                        if t.defined:
+                            continue  # the frame locks it and goes on
                     if t.producer is None or t.storage.dead:
                         raise EngineError(f"{t!r}, an input of {p.op!r}, was lost: it is "
                                           "neither materialized nor recomputable")
@@ -361,6 +407,10 @@ class Engine:
                             if not alloc.allocate(s):
                                 self._make_room(s, p.op)
                             s.resident = True
+                    if self._backlog is not None:
+                        self._back_up()
+                        if self._arriving:
+                            self._await(p.inputs)
                     cost = self.executor.run(p, False)
                 finally:  # the placed ones become candidates, even if a later one failed
                     add = self.pool.add  # (a new storage is never pinned)
@@ -377,8 +427,7 @@ class Engine:
                 t.defined = t.storage.resident
             st.remat_ops += 1
             st.remat_cost += cost
-            if st.remat_cost > self.remat_cost_limit:
-                raise Thrashed(st.remat_cost, self.remat_cost_limit)
+            self._check_limit()
         else:
             st.ops += 1
             st.base_cost += cost
@@ -389,6 +438,9 @@ class Engine:
                 s.last_access = clock
                 if s.slot >= 0:
                     stale.append(s)
+            if self._backlog is not None:
+                self._backlog.extend(t.storage for t in outputs
+                                     if not t.alias and t.storage.nbytes > 0)
 
     def _place_and_run(self, p: ComputePath, outputs: list[Tensor], remat: bool) -> float:
         """Place the outputs of ``p`` (``outputs``) and run it; return its cost
@@ -424,8 +476,15 @@ class Engine:
                 s.resident = True
                 if s.evicted:
                     self._placed(s)
+                elif s.swapped:  # recomputed beside a sibling: its host copy stays valid
+                    s.swapped = False
+                    del self._held[s]
                 s.locks += 1
                 placed.append(s)
+            if self._backlog is not None:
+                self._back_up()
+                if self._arriving:
+                    self._await(p.inputs)
             if writes:
                 p.reused = reused
                 cost = self.executor.run(p, remat)
@@ -508,7 +567,7 @@ class Engine:
             chosen = victims(pool, self.clock, s)
             searched += perf_counter_ns() - t0
             for victim in chosen:
-                self._evict(victim)
+                self._let_go(victim)
             st.evictions += len(chosen)
             if alloc.allocate(s):
                 break
@@ -537,6 +596,149 @@ class Engine:
         st.move_cost += self.executor.move(s)
         st.moved_bytes += s.nbytes
         st.moves += 1
+        self._check_limit()
+
+    # ------------------------------------------------------------------ host memory
+    def _return_cost(self, s: Storage) -> float:
+        """What evicting ``s`` costs to undo: the copies to the host (unless it has a host
+        copy already) and back, or with "both" its recomputation where that is cheaper.
+        The candidate pool's cost column with swapping on, so every policy weighs it."""
+        price = self.executor.transfer(s)
+        if s.host_ready == math.inf:
+            price *= 2
+        return price if not self.history else min(s.cost, price)
+
+    def _let_go(self, s: Storage) -> None:
+        """Evict the victim ``s``: to host memory where the copies cost less than its own
+        recomputation (or are the only way back), else dropped. (Its evicted ancestors'
+        recomputation is not counted: they are often back, or recomputed for another
+        value, by the time ``s`` is needed; counting them sent every victim to the host
+        and stalled on the link, 3-5× the recomputation on the zoo.)"""
+        if self.swap == "off" or (self.history and self._return_cost(s) >= s.cost):
+            if self._arriving:
+                self._arriving.pop(s, None)
+            self._evict(s)
+        else:
+            self._swap_out(s)
+
+    def _swap_out(self, s: Storage) -> None:
+        """Copy ``s`` to host memory (unless a copy is there already) and free its block."""
+        st = self.stats
+        stall = self.executor.swap_out(s, self.clock)
+        if s.host_ready == math.inf:
+            self._hosted(s)
+        s.host_ready = min(s.host_ready, self.clock + stall)
+        self._held[s] = [t for t in s.tensors if t.defined]
+        self.allocator.free(s)
+        self.executor.drop(s)
+        s.resident = False
+        s.swapped = True
+        for t in s.tensors:
+            t.defined = False
+        if s.slot >= 0:
+            self.pool.remove(s)
+        st.swap_outs += 1
+        if self._backlog is not None:
+            self._arriving.pop(s, None)
+            self._gone.append(s)
+        self._wait(stall)
+
+    def _prefetch(self) -> None:
+        """While the link back is idle, bring back the storage that left last (a step's
+        backward reads its values in about the reverse order of its forward) if a block
+        is free for it with as much again to spare: no eviction is made for a guess."""
+        gone, ex, alloc = self._gone, self.executor, self.allocator
+        while gone:
+            s = gone[-1]
+            if not s.swapped:
+                gone.pop()
+                continue
+            if alloc.free_bytes < 2 * s.nbytes or not alloc.allocate(s):
+                return
+            ready = ex.prefetch(s, self.clock)
+            if ready == math.inf:
+                alloc.free(s)
+                return
+            gone.pop()
+            self._back(s)
+            self._arriving[s] = ready
+            self.stats.prefetches += 1
+
+    def _await(self, inputs: Sequence[Tensor]) -> None:
+        """Wait for the inputs still on their way back from host memory."""
+        arriving = self._arriving
+        latest = self.clock
+        for t in inputs:
+            ready = arriving.pop(t.storage, None)
+            if ready is not None and ready > latest:
+                latest = ready
+        self._wait(latest - self.clock)
+
+    def _back(self, s: Storage) -> None:
+        """Swapped ``s`` holds its bytes again (its block is allocated)."""
+        s.swapped = False
+        s.resident = True
+        for t in self._held.pop(s):
+            t.defined = True
+        self.stats.swap_ins += 1
+        self._touch(s)
+        if not s.pinned and s.nbytes > 0 and s.slot < 0:
+            self.pool.add(s)
+
+    def _swap_in(self, s: Storage, op: object) -> None:
+        """Copy swapped ``s`` back from host memory into a block of its own (making room
+        as any allocation does); its host copy stays, so leaving again costs no copy."""
+        self._allocate(s, op)
+        stall = self.executor.swap_in(s, self.clock)
+        self._back(s)
+        self._wait(stall)
+
+    def _back_up(self) -> None:
+        """As an op starts (its outputs placed), start host copies of the oldest values the
+        program made that are still worth one, while the executor's link is idle and once
+        memory has run short: a victim with a finished copy leaves without a wait."""
+        q = self._backlog
+        assert q is not None
+        if not self.stats.failed_allocations:
+            return
+        self._prefetch()
+        ex, clock, st = self.executor, self.clock, self.stats
+        while q:
+            s = q[0]
+            if s.dead or not s.resident or s.pinned or s.host_ready != math.inf:
+                q.popleft()
+                continue
+            ready = ex.backup(s, clock)
+            if ready == math.inf:
+                return
+            q.popleft()
+            s.host_ready = ready
+            self._hosted(s)
+            st.backups += 1
+            if s.slot >= 0:
+                self.pool.stale.append(s)
+
+    def _hosted(self, s: Storage) -> None:
+        """A host copy of ``s`` is being made: count its bytes."""
+        st = self.stats
+        st.swapped_bytes += s.nbytes
+        st.host_bytes += s.nbytes
+        st.host_peak = max(st.host_peak, st.host_bytes)
+
+    def _wait(self, stall: float) -> None:
+        """The ops wait ``stall`` for a host copy: the clock and the overhead count it."""
+        if stall > 0:
+            self.clock += stall
+            self.stats.swap_stall += stall
+            self._check_limit()
+
+    def _check_limit(self) -> None:
+        """Abort with :class:`Thrashed` once the work beyond the program's own ops
+        (recomputations, moves, waits for host copies) costs more than the limit."""
+        st = self.stats
+        extra = st.remat_cost + st.move_cost + st.swap_stall
+        if extra > self.remat_cost_limit:
+            raise Thrashed(extra, self.remat_cost_limit)
 
     def _placed(self, s: Storage) -> None:
         """``s`` now holds its bytes: if it was evicted, it is back in the graph's resident set."""
@@ -599,6 +801,15 @@ class Engine:
                     pool.remove(s)
             elif s.evicted:  # its children are all dead already: only its parents count it
                 self.policy.on_forget(s)
+            if s.host_ready != math.inf:
+                if self._arriving:
+                    self._arriving.pop(s, None)
+                self.executor.drop_host(s)
+                s.host_ready = math.inf
+                self.stats.host_bytes -= s.nbytes
+                if s.swapped:
+                    s.swapped = False
+                    del self._held[s]
             s.dead = True
             frees += 1
             for t in s.tensors:
@@ -725,7 +936,7 @@ class Engine:
         s = t.storage
         if s.slot < 0 or s.locks:
             return False
-        self._evict(s)
+        self._let_go(s)
         self.stats.evictions += 1
         return True
 

@@ -6,6 +6,7 @@ recorded and produces no data, so the same policy code decides in both worlds.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 
 from mypy_extensions import mypyc_attr
@@ -42,15 +43,89 @@ class Executor(ABC):
         merge free blocks); return the copy's cost."""
         raise NotImplementedError(f"{type(self).__name__} cannot move storages")
 
+    # Swapping: a storage's bytes copied to host memory and back over the device's host link.
+    # Every figure is in the cost unit; a stall is the time the ops wait for a copy.
+    #: whether host copies run on copy streams of their own, beside the ops (the engine then
+    #: backs values up to the host while the link is idle, and only waits for unfinished copies)
+    overlaps: bool = False
+
+    def transfer(self, storage: Storage) -> float:
+        """What copying the bytes of ``storage`` over the host link costs, one way."""
+        raise NotImplementedError(f"{type(self).__name__} cannot swap to host memory")
+
+    def swap_out(self, storage: Storage, now: float) -> float:
+        """Make sure a host copy of resident ``storage`` exists (``storage.host_ready`` is inf
+        while it has none); return how long the ops wait for it from ``now``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot swap to host memory")
+
+    def swap_in(self, storage: Storage, now: float) -> float:
+        """Copy the host copy of ``storage`` back into its new block; return the wait."""
+        raise NotImplementedError(f"{type(self).__name__} cannot swap to host memory")
+
+    def backup(self, storage: Storage, now: float) -> float:
+        """Start a host copy of resident ``storage`` on the copy stream if the link is idle at
+        ``now``: when it will be complete, or inf if the link is busy (only if ``overlaps``)."""
+        return math.inf
+
+    def prefetch(self, storage: Storage, now: float) -> float:
+        """Start copying ``storage`` back from host memory into its new block if the link
+        is idle at ``now``: when it will be there, or inf if the link is busy (only if
+        ``overlaps``)."""
+        return math.inf
+
+    def drop_host(self, storage: Storage) -> None:
+        """Release the host copy of ``storage`` (it died, or its values changed)."""
+
 
 class SimulatedExecutor(Executor):
     """Charges each op the cost recorded with it, and a move what copying its bytes costs
     (``copy_ns_per_byte`` for the bytes read plus written, plus ``copy_launch``); holds no
-    data."""
+    data.
 
-    def __init__(self, copy_ns_per_byte: float = 0.0, copy_launch: float = 0.0) -> None:
+    A host copy costs ``link_launch + nbytes · link_ns_per_byte`` each way. With ``overlap``
+    the copies to and from the host run on two copy streams (the link is full duplex), each a
+    queue: the ops wait only for a copy they need that has not finished. Without it every
+    copy stalls the ops for its whole time (a synchronous copy, as the live runtime makes)."""
+
+    def __init__(self, copy_ns_per_byte: float = 0.0, copy_launch: float = 0.0,
+                 link_ns_per_byte: float = 0.0, link_launch: float = 0.0,
+                 overlap: bool = True) -> None:
         self.copy_ns_per_byte = copy_ns_per_byte
         self.copy_launch = copy_launch
+        self.link_ns_per_byte = link_ns_per_byte
+        self.link_launch = link_launch
+        self.overlaps = overlap
+        self.d2h = 0.0  # when the stream of copies to the host is next free
+        self.h2d = 0.0  # and that of copies back
+
+    def transfer(self, storage: Storage) -> float:
+        return self.link_launch + storage.nbytes * self.link_ns_per_byte
+
+    def swap_out(self, storage: Storage, now: float) -> float:
+        ready = storage.host_ready
+        if ready == math.inf:
+            if not self.overlaps:
+                return self.transfer(storage)
+            ready = self.d2h = max(self.d2h, now) + self.transfer(storage)
+        return max(0.0, ready - now)
+
+    def swap_in(self, storage: Storage, now: float) -> float:
+        if not self.overlaps:
+            return self.transfer(storage)
+        self.h2d = max(self.h2d, now) + self.transfer(storage)
+        return self.h2d - now
+
+    def backup(self, storage: Storage, now: float) -> float:
+        if not self.overlaps or self.d2h > now:
+            return math.inf
+        self.d2h = now + self.transfer(storage)
+        return self.d2h
+
+    def prefetch(self, storage: Storage, now: float) -> float:
+        if not self.overlaps or self.h2d > now:
+            return math.inf
+        self.h2d = now + self.transfer(storage)
+        return self.h2d
 
     def move(self, storage: Storage) -> float:
         return self.copy_launch + 2 * storage.nbytes * self.copy_ns_per_byte

@@ -12,6 +12,8 @@ searches (a budget nothing comes close to) never writes them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from membudget.core.records import Storage
@@ -22,8 +24,8 @@ class CandidatePool:
     is current for every storage not in ``stale`` (``sync()`` makes them all current)."""
 
     __slots__ = ("_added", "_stale_cap", "_synced", "bound", "bound_epoch", "cost",
-                 "ev_children", "ev_parents", "free_adj", "items", "last", "nbytes", "remats",
-                 "seq", "stale", "track_free_adj")
+                 "ev_children", "ev_parents", "free_adj", "items", "last", "nbytes", "price",
+                 "remats", "seq", "stale", "track_free_adj")
     _ARRAYS = ("cost", "nbytes", "last", "ev_parents", "ev_children", "free_adj", "remats", "seq",
                "bound")
     #: A pool that is never searched compacts its stale list once this many marks beyond its
@@ -34,6 +36,9 @@ class CandidatePool:
         # whether ``free_adj`` is kept (only policies that score free neighbours read it; the
         # allocator then marks the rows whose free neighbours change)
         self.track_free_adj = track_free_adj
+        # what evicting a storage costs to undo, for the ``cost`` column (None: its
+        # recomputation, ``Storage.cost``; the engine sets it when it may swap instead)
+        self.price: Callable[[Storage], float] | None = None
         self.items: list[Storage] = []
         self.stale: list[Storage] = []  # rows to rewrite (duplicates and non-members allowed)
         self._stale_cap = self.STALE_LIMIT  # compact the list once it is longer than this
@@ -122,7 +127,8 @@ class CandidatePool:
         if not stale:
             return
         idx = [s.slot for s in stale]
-        self.cost[idx] = [s.cost for s in stale]
+        price = self.price
+        self.cost[idx] = [s.cost for s in stale] if price is None else [price(s) for s in stale]
         self.nbytes[idx] = [s.nbytes for s in stale]
         self.last[idx] = [s.last_access for s in stale]
         self.ev_parents[idx] = [s.ev_parents for s in stale]

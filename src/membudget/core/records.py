@@ -6,6 +6,7 @@ field is documented here once and read directly by the engine and the policies.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,8 @@ class Storage:
     """One buffer of memory and every tensor that lives in it (a base and its views).
 
     A storage is *resident* (its bytes are held), *evicted* (dropped, but recomputable from its
-    compute history) or *dead* (freed for good: nothing that may still be needed depends on it).
+    compute history), *swapped* (its bytes copied to host memory, copied back when needed) or
+    *dead* (freed for good: nothing that may still be needed depends on it).
     """
 
     __slots__ = (
@@ -29,6 +31,7 @@ class Storage:
         "ev_parents",  # how many parents are evicted
         "evicted",
         "ext_refs",  # references held by the program over all its tensors
+        "host_ready",  # when its copy in host memory is complete (inf: it has none)
         "id",
         "kind",  # free-form label: "leaf", "activation", ...
         "last_access",  # logical clock of the last read or write
@@ -40,6 +43,7 @@ class Storage:
         "resident",
         "seq",  # when it last entered the candidate pool (the pool's entry counter)
         "slot",  # index in the candidate pool, or -1
+        "swapped",
         "tensors",  # the tensors that live in it; tensors[0] is the base
         "uf",  # scratch field for policies (union-find node of dtr-eq)
     )
@@ -50,7 +54,9 @@ class Storage:
         self.kind = kind
         self.resident = False
         self.evicted = False
+        self.swapped = False
         self.dead = False
+        self.host_ready = math.inf
         self.pinned = False
         self.locks = 0
         self.ext_refs = 0
@@ -82,7 +88,7 @@ class Storage:
 
     def __repr__(self) -> str:
         state = "dead" if self.dead else "evicted" if self.evicted else (
-            "resident" if self.resident else "new")
+            "swapped" if self.swapped else "resident" if self.resident else "new")
         return f"Storage(id={self.id}, {self.nbytes} B, {state})"
 
 

@@ -27,10 +27,20 @@ class Stats:
     moves: int = 0  # live storages copied to another address to merge free blocks
     moved_bytes: int = 0  # their bytes
     move_cost: float = 0.0  # what those copies cost (the executor's figure)
+    swap_outs: int = 0  # storages evicted to host memory (a copy, unless one existed)
+    swap_ins: int = 0  # storages copied back from host memory
+    swapped_bytes: int = 0  # bytes copied to host memory (backups included)
+    backups: int = 0  # host copies made ahead of need while the link was idle
+    prefetches: int = 0  # values copied back ahead of need while the link was idle
+    swap_stall: float = 0.0  # time the ops waited for copies to or from host memory
+    host_bytes: int = 0  # bytes of host copies held now
+    host_peak: int = 0  # the most held at once
 
     @property
     def executed_cost(self) -> float:
-        return self.base_cost + self.remat_cost + self.move_cost
+        """Ops run, recomputations, moves and the waits for host copies: what the overhead
+        counts."""
+        return self.base_cost + self.remat_cost + self.move_cost + self.swap_stall
 
     def fragmentation_summary(self) -> dict[str, float]:
         """Mean and max of the free fraction of the pool at failed allocations."""

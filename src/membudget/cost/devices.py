@@ -43,6 +43,17 @@ class DeviceSpec:
     flops_efficiency: float = 1.0  # achieved / peak FLOP/s on large matmuls and convolutions
     bandwidth_efficiency: float = 1.0  # achieved / peak bytes/s of a large elementwise kernel
     source: str = ""
+    # the link to host memory that a swap crosses, rated bytes/s each way (0: none, a "swap"
+    # is then a copy within the device's own memory, as on a CPU)
+    host_link: str = ""
+    host_bandwidth: float = 0.0
+
+    def host_link_rate(self) -> float:
+        """Achieved bytes/s of a copy to or from host memory (pinned, one direction); with
+        no host link, of a copy within its own memory (bytes read and written)."""
+        if self.host_bandwidth:
+            return self.host_bandwidth * HOST_LINK_EFF
+        return self.bandwidth * self.bandwidth_efficiency / 2
 
     def peak_flops(self, dtype: torch.dtype, *, tf32: bool = False) -> float:
         """Peak matmul FLOP/s for ``dtype`` (fp32 at the TF32 rate when ``tf32`` and the device
@@ -66,6 +77,12 @@ GPU_LAUNCH = 5e-6
 # (BabelStream-style measurements). One factor each for all GPUs keeps the model simple.
 GPU_FLOPS_EFF = 0.85
 GPU_BW_EFF = 0.85
+# pinned cudaMemcpy over PCIe reaches about 80 % of the link's rated bandwidth (e.g. 25 of
+# 31.5 GB/s on PCIe 4.0 x16 in bandwidthTest), the packet and protocol overhead
+HOST_LINK_EFF = 0.8
+PCIE3 = ("PCIe 3.0 x16", 15.75 * GIGA)  # rated bytes/s each way: 8 GT/s × 16 lanes, 128b/130b
+PCIE4 = ("PCIe 4.0 x16", 31.5 * GIGA)
+PCIE5 = ("PCIe 5.0 x16", 63.0 * GIGA)
 
 GPU_SPECS: dict[str, DeviceSpec] = {
     spec.name: spec for spec in (
@@ -73,21 +90,21 @@ GPU_SPECS: dict[str, DeviceSpec] = {
             "a100-80gb", fp32_flops=19.5 * TERA, tf32_flops=156 * TERA, fp16_flops=312 * TERA,
             bf16_flops=312 * TERA, fp64_flops=19.5 * TERA, bandwidth=2039 * GIGA,
             launch_overhead=GPU_LAUNCH, flops_efficiency=GPU_FLOPS_EFF,
-            bandwidth_efficiency=GPU_BW_EFF,
+            bandwidth_efficiency=GPU_BW_EFF, host_link=PCIE4[0], host_bandwidth=PCIE4[1],
             source="NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): FP32 19.5 TF, TF32 "
                    "156 TF, FP16/BF16 312 TF (dense), FP64 tensor core 19.5 TF, HBM2e 2,039 GB/s"),
         DeviceSpec(
             "a100-40gb", fp32_flops=19.5 * TERA, tf32_flops=156 * TERA, fp16_flops=312 * TERA,
             bf16_flops=312 * TERA, fp64_flops=19.5 * TERA, bandwidth=1555 * GIGA,
             launch_overhead=GPU_LAUNCH, flops_efficiency=GPU_FLOPS_EFF,
-            bandwidth_efficiency=GPU_BW_EFF,
+            bandwidth_efficiency=GPU_BW_EFF, host_link=PCIE4[0], host_bandwidth=PCIE4[1],
             source="NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB): as the 80GB part, "
                    "HBM2 1,555 GB/s"),
         DeviceSpec(
             "h100", fp32_flops=67 * TERA, tf32_flops=494.5 * TERA, fp16_flops=989.5 * TERA,
             bf16_flops=989.5 * TERA, fp64_flops=67 * TERA, bandwidth=3350 * GIGA,
             launch_overhead=GPU_LAUNCH, flops_efficiency=GPU_FLOPS_EFF,
-            bandwidth_efficiency=GPU_BW_EFF,
+            bandwidth_efficiency=GPU_BW_EFF, host_link=PCIE5[0], host_bandwidth=PCIE5[1],
             source="NVIDIA H100 Tensor Core GPU datasheet (SXM5): FP32 67 TF, TF32 989 TF and "
                    "FP16/BF16 1,979 TF with sparsity (halved: dense), FP64 tensor core 67 TF, "
                    "HBM3 3.35 TB/s"),
@@ -95,7 +112,7 @@ GPU_SPECS: dict[str, DeviceSpec] = {
             "rtx-2080ti", fp32_flops=13.45 * TERA, tf32_flops=None, fp16_flops=53.8 * TERA,
             bf16_flops=None, fp64_flops=0.42 * TERA, bandwidth=616 * GIGA,
             launch_overhead=GPU_LAUNCH, flops_efficiency=GPU_FLOPS_EFF,
-            bandwidth_efficiency=GPU_BW_EFF,
+            bandwidth_efficiency=GPU_BW_EFF, host_link=PCIE3[0], host_bandwidth=PCIE3[1],
             source="NVIDIA Turing architecture whitepaper, GeForce RTX 2080 Ti reference "
                    "(1,545 MHz boost): FP32 13.4 TF, FP16 tensor 53.8 TF with FP32 accumulate "
                    "(PyTorch's default; 107.6 TF with FP16 accumulate), FP64 1/32 rate, "
@@ -104,7 +121,7 @@ GPU_SPECS: dict[str, DeviceSpec] = {
             "titan-v", fp32_flops=14.9 * TERA, tf32_flops=None, fp16_flops=110 * TERA,
             bf16_flops=None, fp64_flops=7.45 * TERA, bandwidth=652.8 * GIGA,
             launch_overhead=GPU_LAUNCH, flops_efficiency=GPU_FLOPS_EFF,
-            bandwidth_efficiency=GPU_BW_EFF,
+            bandwidth_efficiency=GPU_BW_EFF, host_link=PCIE3[0], host_bandwidth=PCIE3[1],
             source="NVIDIA TITAN V product page (Volta GV100, 1,455 MHz boost): FP32 14.9 TF, "
                    "110 TF tensor (FP16), FP64 half rate, HBM2 3,072-bit 1.7 Gbps = 652.8 GB/s; "
                    "no BF16 or TF32 units (the GPU of the DTR paper's logs)"),

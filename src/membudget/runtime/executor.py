@@ -9,11 +9,14 @@ first run: each output's shape, strides, offset, dtype and device (PyTorch's che
 ``determinism_check``), and with ``check="checksum"`` its bytes too. In-place ops write their
 new version into the old value's tensor when the engine lets them (it handed them its block,
 or nothing can need the old value any more), and into a copy otherwise (copy-on-write).
+A swap copies a storage's bytes to host memory (pinned where the device is not the CPU, a
+plain copy on a CPU) and back, synchronously, and takes every view of it again.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from contextlib import nullcontext
 from time import perf_counter_ns
 from typing import Any
@@ -59,10 +62,11 @@ class TorchExecutor(Executor):
     device). ``check`` says what a recomputation is checked against (:data:`CHECKS`);
     ``unsized`` counts the ops that had to run before they could be sized (or were sized
     wrongly); ``run_ns`` and ``remat_ns`` are the measured times of the ops' first runs
-    and of their recomputations."""
+    and of their recomputations. A host copy is priced ``link = (ns per byte, ns per copy)``
+    (the decisions then do not depend on timings); ``swap_ns`` is its measured time."""
 
     def __init__(self, cost: OpTimer | None = None, *, check: str = "default",
-                 fake: bool = False) -> None:
+                 fake: bool = False, link: tuple[float, float] = (0.0, 0.0)) -> None:
         self.check = check_name(check)
         self.values: dict[int, torch.Tensor] = {}
         self.cost = cost
@@ -75,6 +79,13 @@ class TorchExecutor(Executor):
         self.misfits: list[tuple[Tensor, int]] = []
         self._priced: dict[tuple, float] = {}  # signature -> what ``cost`` says, in ns
         self.mode: object | None = None  # the session's dispatch mode, which it sets
+        self.link_ns_per_byte, self.link_launch = link
+        # storage id -> its bytes in host memory (fake tensors, which hold none: the views)
+        self.host: dict[int, Any] = {}
+        # storage id -> (tensor id, dtype, offset, size, stride) of each view it had when
+        # it was swapped out, and the device it goes back to
+        self.parked: dict[int, tuple[torch.device, list[tuple]]] = {}
+        self.swap_ns = 0
 
     def probe(self, path: ComputePath) -> tuple[list[int], list[int] | None, float]:
         call: OpCall = path.op
@@ -319,13 +330,72 @@ class TorchExecutor(Executor):
         if not views or self.layouts is FAKE:  # fake tensors hold no memory to move
             return 0.0
         t0 = perf_counter_ns()
-        inside = _get_current_dispatch_mode() is self.mode
-        with _pop_mode_temporarily() if inside else nullcontext():
+        with self._outside():
             data = views[0][1].untyped_storage().clone()
             for tid, v in views:
                 values[tid] = torch.empty(0, dtype=v.dtype, device=v.device).set_(
                     data, v.storage_offset(), v.size(), v.stride())
         return float(perf_counter_ns() - t0)
+
+
+    def transfer(self, storage: Storage) -> float:
+        return self.link_launch + storage.nbytes * self.link_ns_per_byte
+
+    def swap_out(self, storage: Storage, now: float) -> float:
+        """Copy the storage's bytes to host memory unless a copy is there already, and note
+        its views; the engine then drops the device's. Returns the priced copy time."""
+        values = self.values
+        views = [(t.id, values[t.id]) for t in storage.tensors if t.id in values]
+        if not views:
+            raise MembudgetError(f"{storage} has no value to swap out")
+        first = views[0][1]
+        self.parked[storage.id] = (first.device, [
+            (tid, v.dtype, v.storage_offset(), v.size(), v.stride()) for tid, v in views])
+        price = self.transfer(storage) if storage.host_ready == math.inf else 0.0
+        if self.layouts is FAKE:  # fake tensors hold no bytes: keep the views themselves
+            self.host[storage.id] = views
+            return price
+        if storage.host_ready != math.inf:  # its host copy is there already
+            return price
+        t0 = perf_counter_ns()
+        with self._outside():
+            src = torch.empty(0, dtype=torch.uint8, device=first.device).set_(
+                first.untyped_storage())
+            host = torch.empty(src.shape, dtype=torch.uint8, device="cpu",
+                               pin_memory=src.device.type != "cpu")
+            host.copy_(src)
+            self.host[storage.id] = host
+        self.swap_ns += perf_counter_ns() - t0
+        return price
+
+    def swap_in(self, storage: Storage, now: float) -> float:
+        """Copy the host bytes back into new device memory and take every view again."""
+        device, views = self.parked.pop(storage.id)
+        host = self.host[storage.id]
+        values = self.values
+        t0 = perf_counter_ns()
+        if self.layouts is FAKE:
+            values.update(host)
+            return self.transfer(storage)
+        with self._outside():
+            data = torch.empty(host.shape, dtype=torch.uint8, device=device)
+            data.copy_(host)
+            data = data.untyped_storage()
+            for tid, dtype, offset, size, stride in views:
+                values[tid] = torch.empty(0, dtype=dtype, device=device).set_(
+                    data, offset, size, stride)
+        self.swap_ns += perf_counter_ns() - t0
+        return self.transfer(storage)
+
+    def drop_host(self, storage: Storage) -> None:
+        self.host.pop(storage.id, None)
+        self.parked.pop(storage.id, None)
+
+    def _outside(self) -> Any:
+        """Run copies as ordinary ops for the modes outside the session (a memory meter sees
+        them) but not for the session itself, which is ``mode`` while it runs."""
+        inside = _get_current_dispatch_mode() is self.mode
+        return _pop_mode_temporarily() if inside else nullcontext()
 
 
 def check_name(check: str) -> str:

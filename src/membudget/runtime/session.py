@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import (
     _push_mode,
 )
 
-from membudget.core.engine import Engine
+from membudget.core.engine import SWAP_MODES, Engine
 from membudget.core.policies import resolve_policy
 from membudget.core.records import Tensor
 from membudget.errors import BudgetTooSmallError, MembudgetError, OutOfBudget
@@ -53,7 +53,7 @@ from membudget.runtime.planned import (
 )
 from membudget.runtime.recording import NotRecording, Recording
 from membudget.runtime.references import References
-from membudget.runtime.sizing import model_seconds
+from membudget.runtime.sizing import link_prices, model_seconds
 from membudget.runtime.stats import SessionStats
 from membudget.runtime.tensor import Ref, RematTensor, value_of, wrap
 from membudget.runtime.writes import write
@@ -73,13 +73,20 @@ class Session(TorchDispatchMode, ContextDecorator):
                  inplace: str | None = None, record: bool | str | Path | None = None,
                  cost: OpTimer | str = "model", determinism_check: str = "default",
                  mode: str = "dynamic", planner: Planner | None = None,
-                 max_plans: int = MAX_PLANS) -> None:
+                 max_plans: int = MAX_PLANS, swap: str = "off") -> None:
         super().__init__()
         self.budget_bytes = parse_bytes(budget) if isinstance(budget, str) else int(budget)
         if self.budget_bytes <= 0:
             raise MembudgetError(f"a budget must be > 0 bytes, got {budget!r}")
         check_name(determinism_check)  # refused here, before the session is entered
         self.mode = check_mode(mode)
+        if swap not in SWAP_MODES:
+            raise MembudgetError(f"unknown swap mode {swap!r}; known: {', '.join(SWAP_MODES)}")
+        if swap != "off" and mode == "planned":
+            raise NotImplementedError("planned sessions follow plans of drops only: use "
+                                      "mode='dynamic' with swap, or swap='off'")
+        self.swap = swap
+        self.link = link_prices() if swap != "off" else (0.0, 0.0)
         # planned mode: the plans across steps (runtime.planned), and this step's run
         self.planning = Planning(planner, max_plans) if mode == "planned" else None
         self.plan_run: PlanRun | None = None
@@ -107,11 +114,12 @@ class Session(TorchDispatchMode, ContextDecorator):
         # cyclic collector is paused then), so it is done here, once per process.
         import torch._dynamo
         fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
-        self.executor = TorchExecutor(self.cost, check=self.determinism_check, fake=fake)
+        self.executor = TorchExecutor(self.cost, check=self.determinism_check, fake=fake,
+                                      link=self.link)
         self.executor.mode = self
         policy = self.policy if self.planning is None else plan_first(self.policy)
         self.engine = Engine(self.budget_bytes, policy, self.allocator, self.executor,
-                             inplace=self.inplace)
+                             inplace=self.inplace, swap=self.swap)
         self.allocator_name = self.engine.allocator.name
         self.inplace_name = self.engine.inplace
         run = self.plan_run = (None if self.planning is None
@@ -180,7 +188,7 @@ class Session(TorchDispatchMode, ContextDecorator):
         assert eng is not None
         ex = self.executor
         self.stats = SessionStats.of(self.budget_bytes, eng, ex.run_ns, ex.remat_ns, ex.unsized,
-                                     self._device.peak())
+                                     self._device.peak(), ex.swap_ns)
         self.leaves.close()
         self.engine = None
         self.executor.values.clear()  # the data goes now, not when a GC pass finds the engine
@@ -205,7 +213,10 @@ class Session(TorchDispatchMode, ContextDecorator):
                 "policy": self.policy,
                 "allocator": getattr(self, "allocator_name", self.allocator),
                 "inplace": getattr(self, "inplace_name", self.inplace),
-                "budget_bytes": self.budget_bytes}
+                "budget_bytes": self.budget_bytes, "swap": self.swap,
+                # what its host copies were priced at: copied in turn, not overlapped
+                **({"host_link": {"ns_per_byte": self.link[0], "launch_ns": self.link[1],
+                                  "overlap": False}} if self.swap != "off" else {})}
 
     # ------------------------------------------------------------------ the program's side
     def adopt(self, tensors: Any) -> None:
@@ -440,7 +451,7 @@ def budget(nbytes: int | str, policy: str = "default", *, allocator: str | None 
            inplace: str | None = None, record: bool | str | Path | None = None,
            cost: OpTimer | str = "model", determinism_check: str = "default",
            mode: str = "dynamic", planner: Planner | None = None,
-           max_plans: int = MAX_PLANS) -> Session:
+           max_plans: int = MAX_PLANS, swap: str = "off") -> Session:
     """A memory budget for PyTorch code: ``with membudget.budget("1.5 GiB"):`` (or as a
     decorator). Tensors made inside are evicted and recomputed as needed to stay within it.
     ``policy``, ``allocator`` and ``inplace`` take the simulator's names; "default" is
@@ -456,6 +467,12 @@ def budget(nbytes: int | str, policy: str = "default", *, allocator: str | None 
     output's shape, strides, offset, dtype and device), "checksum" (their bytes too: slow, for
     debugging) or "none".
 
+    ``swap`` says where evicted values go: "off" (dropped, recomputed when needed), "only"
+    (copied to host memory and back, never recomputed) or "both" (to host memory where the
+    copies cost less than recomputing the value, else dropped). Copies are priced on this
+    device kind's host link (an A100's PCIe 4.0 x16 for an accelerator; on a CPU, a copy
+    within memory) and made synchronously; the values come back bitwise equal.
+
     ``mode="planned"``: enter the same session once per step (``with session:`` in the
     loop, or as a decorator of the step function). The first step runs dynamically and is
     recorded; a plan of its evictions is made from it in a background thread
@@ -466,7 +483,7 @@ def budget(nbytes: int | str, policy: str = "default", *, allocator: str | None 
     ``runtime.planned``."""
     return Session(nbytes, policy, allocator, inplace, record, cost,
                    determinism_check=determinism_check, mode=mode, planner=planner,
-                   max_plans=max_plans)
+                   max_plans=max_plans, swap=swap)
 
 
 __all__ = ["Session", "SessionStats", "budget"]

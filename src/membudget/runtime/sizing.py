@@ -184,6 +184,15 @@ def model_seconds(func: Any, args: tuple, kwargs: dict, out: Any) -> float:
     return _model("cpu" if device == "cpu" else "cuda").op_seconds(func, args, kwargs, out)
 
 
+def link_prices() -> tuple[float, float]:
+    """ns per byte and ns per copy of a swap to host memory on this machine's device kind:
+    the host link of the spec the cost model prices its ops on (an A100's PCIe 4.0 x16 for
+    an accelerator; on a CPU, a copy within memory)."""
+    kind = "cuda" if torch.accelerator.is_available() else "cpu"
+    spec = _model(kind).spec
+    return 1e9 / spec.host_link_rate(), spec.launch_overhead * 1e9
+
+
 @cache
 def _model(device: str) -> Any:
     from membudget.cost import CostModel

@@ -62,10 +62,14 @@ class SessionStats:
     moves: int = 0  # values copied to another address to merge free blocks (dtr-compact)
     moved_bytes: int = 0
     move_seconds: float = 0.0  # their measured copy time
+    swap_outs: int = 0  # values evicted to host memory (swap="only" or "both")
+    swap_ins: int = 0  # values copied back
+    swapped_bytes: int = 0  # bytes copied to host memory
+    swap_seconds: float = 0.0  # the measured time of the copies both ways
 
     @classmethod
     def of(cls, budget_bytes: int, engine: Engine, run_ns: int, remat_ns: int,
-           unsized_ops: int, device_peak_bytes: int | None) -> SessionStats:
+           unsized_ops: int, device_peak_bytes: int | None, swap_ns: int = 0) -> SessionStats:
         """The stats of a session that ran ``engine``."""
         st = engine.stats
         alloc = engine.allocator
@@ -75,4 +79,6 @@ class SessionStats:
                    unsized_ops, beyond,
                    st.search_us(), st.fragmentation_summary(), device_peak_bytes,
                    st.failed_allocations, moves=st.moves, moved_bytes=st.moved_bytes,
-                   move_seconds=st.move_cost / 1e9)
+                   move_seconds=st.move_cost / 1e9, swap_outs=st.swap_outs,
+                   swap_ins=st.swap_ins, swapped_bytes=st.swapped_bytes,
+                   swap_seconds=swap_ns / 1e9)

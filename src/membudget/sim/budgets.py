@@ -51,7 +51,7 @@ def budget_limits(trace: Trace, policy: str, *, allocator: str | None = None,
                   inplace: str | None = None, semantics: str = "membudget",
                   overhead_limit: float | None = DEFAULT_OVERHEAD_LIMIT,
                   baseline: Baseline | None = None, tolerance: float = 0.01,
-                  seed: int = 0, method: str = "") -> BudgetLimits:
+                  seed: int = 0, method: str = "", swap: str = "off") -> BudgetLimits:
     """Bisect the ratio for the minimum and the cutoff budget (each to ``tolerance``).
 
     Completing is taken as monotone in the budget, as is evicting at all; each bisection
@@ -67,7 +67,7 @@ def budget_limits(trace: Trace, policy: str, *, allocator: str | None = None,
             runs += 1
             cache[ratio] = simulate(trace, policy, ratio=ratio, semantics=semantics,
                                     overhead_limit=overhead_limit, baseline=base, seed=seed,
-                                    allocator=allocator, inplace=inplace)
+                                    allocator=allocator, inplace=inplace, swap=swap)
         return cache[ratio]
 
     def completes(r: float) -> bool:

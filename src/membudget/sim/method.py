@@ -2,7 +2,8 @@
 
 Written ``policy[@allocator][+inplace]`` on the command line, e.g. ``coop`` (Coop as
 published: two-sided pool, recomputable in-place), ``coop@best-fit`` (no partitioning),
-``coop+cow`` (copy-on-write) or ``dte@two-sided+remat`` (Coop without its window).
+``coop+cow`` (copy-on-write) or ``dte@two-sided+remat`` (Coop without its window). Where
+victims go (``swap``: see the engine) comes from its own option and is named after it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Method:
     allocator: str | None = None
     inplace: str | None = None
     label: str = ""
+    swap: str = "off"
 
     @classmethod
     def parse(cls, text: str, allocator: str | None = None,
@@ -45,7 +47,6 @@ class Method:
 
     @property
     def name(self) -> str:
-        if self.label:
-            return self.label
-        return (self.policy + (f"@{self.allocator}" if self.allocator else "")
-                + (f"+{self.inplace}" if self.inplace else ""))
+        name = self.label or (self.policy + (f"@{self.allocator}" if self.allocator else "")
+                              + (f"+{self.inplace}" if self.inplace else ""))
+        return name if self.swap == "off" else f"{name} swap:{self.swap}"

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from membudget.core.allocators import make_allocator
-from membudget.core.engine import INPLACE_MODES, Engine
+from membudget.core.engine import INPLACE_MODES, SWAP_MODES, Engine
 from membudget.core.executor import SimulatedExecutor
 from membudget.core.policies import make_policy, resolve_policy
 from membudget.errors import MembudgetError, OutOfBudget, Thrashed
@@ -31,13 +31,26 @@ COPY_SPEC = "a100-80gb"  # prices a move where the trace names no device spec
 
 def copy_executor(header: dict[str, Any]) -> SimulatedExecutor:
     """A simulated executor that prices a move (a copy of a storage's bytes, read and
-    written) on the trace's device spec (``device_spec`` in its header, else
-    :data:`COPY_SPEC`): launch overhead plus bytes over the achieved bandwidth, in ns."""
+    written) and a host copy (one way over the host link) on the trace's device spec
+    (``device_spec`` in its header, else :data:`COPY_SPEC`): launch overhead plus bytes over
+    the achieved bandwidth, in ns. Host copies overlap the ops on copy streams, except in a
+    live run's trace, whose header gives the ``host_link`` prices it copied at, in turn."""
     from membudget.cost.devices import get_spec  # (imports torch: only when simulating)
 
     spec = get_spec(str(header.get("device_spec") or COPY_SPEC))
-    return SimulatedExecutor(1e9 / (spec.bandwidth * spec.bandwidth_efficiency),
-                             spec.launch_overhead * 1e9)
+    launch = spec.launch_overhead * 1e9
+    link = header.get("host_link")
+    if isinstance(link, dict):
+        try:
+            link_ns, link_launch = float(link["ns_per_byte"]), float(link["launch_ns"])
+        except (KeyError, TypeError, ValueError):
+            raise MembudgetError(f"the trace header's host_link {link!r} needs numbers "
+                                 "ns_per_byte and launch_ns") from None
+        overlap = bool(link.get("overlap", False))
+    else:
+        link_ns, link_launch, overlap = 1e9 / spec.host_link_rate(), launch, True
+    return SimulatedExecutor(1e9 / (spec.bandwidth * spec.bandwidth_efficiency), launch,
+                             link_ns, link_launch, overlap)
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,7 @@ class SimResult:
     ops_per_s: float  # executed ops (remat included) per second of wall time
     needed_bytes: int | None = None  # with "oom": the budget the failing allocation needed
     message: str = ""
+    swap: str = "off"  # where victims went: "off" (dropped), "only" (host memory), "both"
     extra: dict[str, Any] = field(default_factory=dict)
     # with record_plan: the policy's decisions as a plan that replays them (not in the JSON)
     eviction_plan: EvictionPlan | None = field(default=None, repr=False)
@@ -90,14 +104,21 @@ class SimResult:
 
 def check_config(policy: str, allocator: str | None = None, inplace: str | None = None,
                  semantics: str = "membudget",
-                 policy_options: dict[str, Any] | None = None) -> tuple[str, str]:
+                 policy_options: dict[str, Any] | None = None,
+                 swap: str = "off") -> tuple[str, str]:
     """Fail fast on a bad combination, before any work; return the allocator and in-place
-    mode the run will use (the policy's published defaults where not given)."""
+    mode the run will use (the policy's published defaults where not given; copy-on-write
+    with ``swap="only"``, which keeps no history to recompute an old value from)."""
     pol = make_policy(policy, **(policy_options or {}))
     if semantics not in SEMANTICS:
         raise MembudgetError(f"unknown semantics {semantics!r}; known: {', '.join(SEMANTICS)}")
+    if swap not in SWAP_MODES:
+        raise MembudgetError(f"unknown swap mode {swap!r}; known: {', '.join(SWAP_MODES)}")
+    if swap == "only" and inplace == "remat":
+        raise MembudgetError("swap 'only' keeps no compute history, so in-place writes "
+                             "cannot be recomputable; use the in-place mode cow")
     allocator = allocator or pol.default_allocator
-    inplace = inplace or pol.default_inplace
+    inplace = inplace or ("cow" if swap == "only" else pol.default_inplace)
     if inplace not in INPLACE_MODES:
         raise MembudgetError(f"unknown in-place mode {inplace!r}; known: "
                              f"{', '.join(INPLACE_MODES)}")
@@ -121,19 +142,24 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
              baseline: Baseline | None = None, seed: int = 0, allocator: str | None = None,
              inplace: str | None = None, policy_options: dict[str, Any] | None = None,
              on_engine: Callable[[Engine], object] | None = None,
-             plan: EvictionPlan | None = None, record_plan: bool = False) -> SimResult:
+             plan: EvictionPlan | None = None, record_plan: bool = False,
+             swap: str = "off") -> SimResult:
     """Replay ``trace`` under a budget (bytes, or ``ratio`` × the baseline peak) with ``policy``
     on ``allocator``'s pool, handling in-place writes by ``inplace`` (both default to what the
     policy was published with). ``on_engine`` sees the engine before the replay (to attach
     a recorder). ``plan`` evicts what it lists before each call, and ``policy`` decides only
     what it leaves open; ``record_plan`` returns the run's decisions as a plan
-    (``eviction_plan``) that replays them.
+    (``eviction_plan``) that replays them. ``swap`` lets victims go to host memory
+    ("only", or "both" beside recomputation: see :class:`Engine`), copied over the host
+    link of the trace's device spec on copy streams that overlap the ops.
 
     The run ends "ok", "oom" (nothing evictable was left for an allocation) or "thrashed"
-    (recomputation cost more than ``overhead_limit - 1`` times the baseline cost).
+    (recomputations, moves and waits for host copies cost more than ``overhead_limit - 1``
+    times the baseline cost).
     """
     policy = resolve_policy(policy)
-    allocator, inplace = check_config(policy, allocator, inplace, semantics, policy_options)
+    allocator, inplace = check_config(policy, allocator, inplace, semantics, policy_options,
+                                      swap)
     if (ratio is None) == (budget is None):
         raise MembudgetError("give exactly one of ratio and budget")
     if ratio is not None and not ratio > 0:
@@ -153,8 +179,11 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
         pol = recorder.policy
     elif plan is not None:
         pol = plan_first(pol)
+    if swap != "off" and (plan is not None or record_plan):
+        raise NotImplementedError("eviction plans record drops only: follow or record one "
+                                  "with swap='off'")
     engine = Engine(budget, pol, allocator, copy_executor(trace.header), remat_cost_limit=limit,
-                    free_dead=semantics == "membudget", inplace=inplace, seed=seed)
+                    free_dead=semantics == "membudget", inplace=inplace, swap=swap, seed=seed)
     hooks: CallHooks | None = recorder
     follower = PlanFollower(engine, plan) if plan is not None else None
     if follower is not None:
@@ -174,7 +203,7 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
     executed_ops = st.ops + st.remat_ops
     return SimResult(
         trace=trace.name, policy=policy, method=policy, allocator=allocator, inplace=inplace,
-        semantics=semantics, status=status, ratio=ratio,
+        semantics=semantics, status=status, ratio=ratio, swap=swap,
         budget_bytes=int(budget), baseline_cost=base.cost, baseline_peak_bytes=base.peak_bytes,
         overhead=st.executed_cost / base.cost - 1 if base.cost else 0.0,
         executed_cost=st.executed_cost, remat_cost=st.remat_cost, peak_bytes=engine.peak_bytes,
@@ -185,6 +214,11 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
         message=message, extra={"inplace_reuses": st.inplace_reuses,
                                 "moves": st.moves, "moved_bytes": st.moved_bytes,
                                 "move_cost": st.move_cost,
+                                **({"swap_outs": st.swap_outs, "swap_ins": st.swap_ins,
+                                    "swapped_bytes": st.swapped_bytes, "backups": st.backups,
+                                    "prefetches": st.prefetches,
+                                    "swap_stall": st.swap_stall, "host_peak": st.host_peak}
+                                   if swap != "off" else {}),
                                 "inplace_copies": st.inplace_copies,
                                 "failed_allocations": st.failed_allocations,
                                 # following a plan: the evictions it made (its answers to
