@@ -1,5 +1,8 @@
 """DistributedDataParallel inside a session: the reducer's bucket rebuild runs outside it.
 
+``install`` also installs FSDP2's counterpart (``runtime.fsdp``): the session installs both
+through it.
+
 On its second forward, DDP's C++ reducer rebuilds its gradient buckets: it allocates new flat
 buckets and a tensor of bucket indices and writes them through raw pointers. Inside a session
 those allocations would come back as wrappers with no data of their own, so the rebuild runs
@@ -14,12 +17,16 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 
+from membudget.runtime import fsdp
+
 _installed = False
 
 
 def install(mode_type: type) -> None:
-    """Make DDP's bucket rebuild step outside any active ``mode_type`` (once per process)."""
+    """Make DDP's bucket rebuild step outside any active ``mode_type``, and FSDP2's buffer
+    work (``fsdp.install``) (once per process)."""
     global _installed
+    fsdp.install(mode_type)
     if _installed or not torch.distributed.is_available():
         return
     from torch._C._distributed_c10d import Reducer

@@ -7,6 +7,12 @@ the session, all its parameters and buffers enter together, ahead of the activat
 would otherwise be interleaved with: a layout-aware pool then keeps them in one run of blocks
 instead of scattering barriers that fragment it.
 
+A leaf's storage may also be resized in place by no op (FSDP frees its all-gathered
+parameters so, and reallocates them): ``resized`` counts its bytes as they are, and while it
+holds none the values of its tensors are placeholders (:class:`Freed`) that refuse any op, so
+that a recomputation that would read it fails instead of reading freed memory. ``drop``
+forgets a leaf the program let go of (an FSDP buffer).
+
 The gradient of a leaf that requires one (a parameter's ``.grad``) is pinned once autograd has
 accumulated it: it is state the program holds to the end of the step, like the optimizer's,
 and recomputing one would rerun the backward pass up to it.
@@ -19,10 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils._python_dispatch import (
+    _get_current_dispatch_mode,
+    is_traceable_wrapper_subclass,
+)
 
 from membudget.core.records import Tensor
-from membudget.errors import OutOfBudget
+from membudget.errors import MembudgetError, OutOfBudget
 from membudget.runtime.sizing import meta_of
 from membudget.runtime.tensor import RematTensor
 
@@ -41,6 +50,7 @@ class Leaves:
         self.adopted: set[int] = set()  # ids of the modules whose state was adopted
         self._hook = register_module_forward_pre_hook(self._adopt_module)
         self._grad_hooks: list[Any] = []
+        self.freed: dict[int, torch.Tensor] = {}  # engine tensor id -> its value, while freed
 
     def close(self) -> None:
         self._hook.remove()
@@ -49,6 +59,7 @@ class Leaves:
         self._grad_hooks = []
         self.by_view = {}
         self.bases = {}
+        self.freed = {}
 
     def handle(self, x: torch.Tensor) -> Tensor:
         """The engine handle of a plain tensor: one pinned leaf per real storage, counted
@@ -77,6 +88,44 @@ class Leaves:
         self.by_view[key] = (x, h)
         return h
 
+    def resized(self, x: torch.Tensor) -> None:
+        """The storage of ``x`` may have been resized in place: count the bytes it holds now
+        (a leaf from now on if it holds any; see the module)."""
+        st = x.untyped_storage()
+        nbytes = st.nbytes()
+        h = self.bases.get(st._cdata)
+        if h is None:
+            if nbytes:
+                self.handle(x)
+            return
+        s = h.storage
+        if s.nbytes == nbytes:
+            return
+        values = self.session.executor.values
+        for t in s.tensors:
+            if nbytes:
+                value = self.freed.pop(t.id, None)
+                if value is not None:
+                    values[t.id] = value
+            elif t.id in values:
+                value = self.freed[t.id] = values[t.id]
+                values[t.id] = Freed.like(value)
+        self.session.engine.resize(h, nbytes)  # type: ignore[union-attr]
+
+    def drop(self, x: torch.Tensor) -> None:
+        """The program let go of ``x``: release its leaf and its views (the engine frees them,
+        unless something computed from them may still need them)."""
+        h = self.bases.pop(x.untyped_storage()._cdata, None)
+        if h is None:
+            return
+        session = self.session
+        eng = session.engine
+        assert eng is not None
+        for key in [k for k, (_, t) in self.by_view.items() if t.storage is h.storage]:
+            _, t = self.by_view.pop(key)
+            session.recording.release(t)
+            eng.release(t)
+
     def _pin_grad(self, x: torch.Tensor) -> None:
         """Autograd accumulated the gradient of ``x``: pin it (see the module)."""
         g = x.grad
@@ -89,10 +138,12 @@ class Leaves:
             session.guarded(lambda: session.pin(h))
 
     def adopt(self, tensors: Iterable[Any]) -> None:
-        """Count these plain tensors toward the budget from now on, as pinned leaves."""
+        """Count these plain tensors toward the budget from now on, as pinned leaves (a
+        tensor subclass such as FSDP's sharded DTensor parameters by the tensors it wraps)."""
         for x in tensors:
             if type(x) is not RematTensor:
-                self.handle(x)
+                for y in _inner(x):
+                    self.handle(y)
 
     def plain(self) -> list[torch.Tensor]:
         """The plain tensors that entered (each view once)."""
@@ -109,7 +160,7 @@ class Leaves:
         if id(module) in self.adopted or _get_current_dispatch_mode() is not session:
             return  # (the hook is global: not this thread's session)
         self.adopted.update(id(m) for m in module.modules())
-        state = [*module.parameters(), *module.buffers()]
+        state = [y for x in (*module.parameters(), *module.buffers()) for y in _inner(x)]
 
         def adopt_all() -> None:
             for k, x in enumerate(state):
@@ -123,4 +174,38 @@ class Leaves:
                     e.request_bytes += sum(n for w, n in rest.items() if w not in self.bases)
                     raise
 
-        session.guarded(adopt_all)
+        from membudget.runtime.session import _below
+
+        with _below(session):  # (a view of a leaf is an op: it must not come back here)
+            session.guarded(adopt_all)
+
+
+def _inner(x: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors that hold the data of ``x``: itself, or those a tensor subclass
+    wraps (a DTensor's local shard)."""
+    if not is_traceable_wrapper_subclass(x):
+        return [x]
+    inner = (getattr(x, name) for name in x.__tensor_flatten__()[0])
+    return [y for t in inner if isinstance(t, torch.Tensor) for y in _inner(t)]
+
+
+class Freed(torch.Tensor):
+    """What the engine holds for a tensor of a leaf whose storage was freed under it: any op
+    on it raises (a recomputation that needs that leaf cannot run until it is reallocated)."""
+
+    @staticmethod
+    def like(value: torch.Tensor) -> Freed:
+        return torch.Tensor._make_wrapper_subclass(  # type: ignore[return-value]
+            Freed, value.size(), strides=value.stride(), storage_offset=value.storage_offset(),
+            dtype=value.dtype, device=value.device)
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        raise MembudgetError(
+            f"{func} needs a tensor whose memory its owner freed (FSDP frees the parameters "
+            "it all-gathered after each module's forward and backward): a value computed from "
+            "it was evicted and is read where that memory is gone; read it inside the module "
+            "that computes it, or return it from that module (its outputs are kept)")

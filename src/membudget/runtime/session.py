@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import (
     _get_current_dispatch_mode_stack,
     _pop_mode,
     _push_mode,
+    is_traceable_wrapper_subclass,
 )
 
 from membudget.core.engine import SWAP_MODES, Engine
@@ -337,6 +338,8 @@ class Session(TorchDispatchMode, ContextDecorator):
                          else self.leaves.handle(self._outside(func, x)))
                 elif type(x) in SCALARS or not isinstance(x, torch.Tensor):
                     continue  # (isinstance goes through torch's metaclass: tested last)
+                elif is_traceable_wrapper_subclass(x):  # a DTensor: it runs its own ops here
+                    return NotImplemented
                 else:
                     h = self.leaves.handle(x)
                 try:
