@@ -17,13 +17,18 @@ __version__ = "0.1.0"
 
 __all__ = ["BudgetTooSmallError", "EngineError", "MembudgetError", "OutOfBudget",
            "RecomputationError", "Thrashed", "TraceError", "UnknownNameError", "__version__",
-           "budget"]
+           "budget", "reversible"]
 
 
 def __getattr__(name: str) -> Any:
-    """``membudget.budget`` imports torch on first use, so the engine and simulator don't."""
+    """``membudget.budget`` and ``membudget.reversible`` import torch on first use, so the
+    engine and simulator don't."""
     if name == "budget":
         from membudget.runtime.session import budget
 
         return budget
+    if name == "reversible":
+        import membudget.reversible
+
+        return membudget.reversible
     raise AttributeError(f"module 'membudget' has no attribute {name!r}")

@@ -80,4 +80,4 @@ def param_count(name: str) -> int:
 
 def _load() -> None:
     """Import the modules that register zoo entries (on first use: they import transformers)."""
-    from membudget.models import custom, hf  # noqa: F401
+    from membudget.models import custom, hf, reversible  # noqa: F401
