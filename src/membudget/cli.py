@@ -15,6 +15,7 @@ from rich.progress import ProgressColumn, Task
 from rich.text import Text
 
 from membudget.errors import MembudgetError
+from membudget.outputs import check_output, write_text
 from membudget.units import format_bytes, parse_bytes
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="markdown",
@@ -63,6 +64,7 @@ def import_dtr_log(
     """Convert a DTR paper simulator log into a membudget trace."""
     from membudget.trace import read_dtr_log, write_trace
 
+    check_output(output, [log])
     trace = read_dtr_log(log)
     n = write_trace(output, trace.header, trace.events)
     err.print(f"wrote {n} events of {trace.name} to {output}")
@@ -190,6 +192,8 @@ def optimum(
         nbytes = None if budget is None else parse_bytes(budget)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+    if plan_out is not None:
+        check_output(plan_out, [trace])
     tr = load_trace(trace)
     try:
         with err.status(f"optimum of {tr.name}") as status:
@@ -261,6 +265,10 @@ def sweep(
     from membudget.trace import expand_sources
 
     methods = [Method.parse(m, allocator, inplace) for m in _names(policies)]
+    if json_out:
+        check_output(json_out, traces)
+    if plot:
+        check_output(plot, [*traces, *([json_out] if json_out else [])])
     sources = expand_sources(traces)
     if not all(Path(t).exists() or "::" in t for t in sources):
         from membudget.trace.capture import zoo_sources
@@ -280,10 +288,9 @@ def sweep(
                        console=err, swaps=swaps)
         out.print(limits_table(found))
     if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps({"runs": [r.to_json() for r in results],
-                                        "budget_limits": [b.to_json() for b in found]},
-                                       indent=1))
+        write_text(json_out, json.dumps({"runs": [r.to_json() for r in results],
+                                         "budget_limits": [b.to_json() for b in found]},
+                                        indent=1))
         err.print(f"wrote {json_out}")
     if plot:
         from membudget.bench.plot import plot_overhead
@@ -311,6 +318,10 @@ def timeline(
     from membudget.sim import simulate as run
     from membudget.sim.timeline import Recorder, plot_timeline, write_snapshot
     from membudget.trace import load_trace
+
+    check_output(output, [trace])
+    if snapshot:
+        check_output(snapshot, [trace, output])
 
     if allocator is None and make_policy(policy).default_allocator == "fungible":
         allocator = "best-fit"
@@ -370,6 +381,7 @@ def trace(
     """Record one training step (forward, backward, AdamW step) of a zoo model as a trace."""
     from membudget.trace.capture import capture_step
 
+    check_output(output)
     with _capture_progress(f"{model} at batch {batch or 'paper'}") as progress:
         c = capture_step(model, batch, fake=fake, spec=device_spec, path=output,
                          device=device, optimizer=optimizer, progress=progress)
@@ -438,6 +450,9 @@ def plan(
     from membudget.plan.planner import plan_trace
     from membudget.trace import load_trace
 
+    for target in (output, export_problem):
+        if target is not None:
+            check_output(target, [source])
     path = source
     if not (Path(source).exists() or "::" in source):
         from membudget.trace.capture import zoo_sources
@@ -482,8 +497,8 @@ def plan(
     for m in s["messages"]:
         err.print(m)
     if output:
-        output.write_text(json.dumps({**s, "order": p.order.order,
-                                      "offsets": p.packing.offsets}, indent=1))
+        write_text(output, json.dumps({**s, "order": p.order.order,
+                                       "offsets": p.packing.offsets}, indent=1))
         err.print(f"wrote {output}")
 
 
@@ -518,6 +533,8 @@ def pack(
     """
     from membudget.plan.pack import pack_file
 
+    if output is not None:
+        check_output(output, [problem])
     with err.status(f"packing {problem}") as status:
         result, code = pack_file(problem, capacity=capacity, time_limit=time_limit,
                                  out=output, write_unfit=write_unfit,
@@ -569,7 +586,7 @@ def main() -> None:
     try:
         app()
     except MembudgetError as e:
-        err.print(f"[red]error:[/] {e}", highlight=False)
+        err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)  # one line
         sys.exit(2)
 
 

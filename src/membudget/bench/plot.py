@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from membudget.outputs import replacing
 from membudget.sim.simulate import SimResult
 
 
@@ -22,10 +23,12 @@ def _pyplot() -> Any:
 
 
 def _save(fig: Any, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` whole or not at all (PNG unless its suffix names a format)."""
     plt = _pyplot()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=120, format=path.suffix[1:] or "png")
     plt.close(fig)
     return path
 

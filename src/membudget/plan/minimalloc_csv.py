@@ -10,6 +10,7 @@ import csv
 from pathlib import Path
 
 from membudget.errors import TraceError
+from membudget.outputs import replacing
 from membudget.plan.problem import Buffer, PlanError, Problem
 
 REQUIRED = ("id", "lower", "upper", "size")
@@ -82,7 +83,7 @@ def write_csv(path: str | Path, problem: Problem) -> None:
     if with_offsets and not all(placed):
         unplaced = [b.id for b in problem.buffers if b.offset is None]
         raise PlanError(f"{len(unplaced)} buffer(s) have no offset, e.g. {unplaced[0]!r}")
-    with Path(path).open("w", newline="") as f:
+    with replacing(path) as tmp, tmp.open("w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(REQUIRED + OPTIONAL if with_offsets else REQUIRED)
         for b in problem.buffers:

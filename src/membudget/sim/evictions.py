@@ -21,6 +21,7 @@ from membudget.core.policies import Policy, make_policy
 from membudget.core.pool import CandidatePool
 from membudget.core.records import Storage, Tensor
 from membudget.errors import MembudgetError
+from membudget.outputs import write_text
 
 ValueKey = tuple[int, int]  # (call index in the step, output slot)
 
@@ -56,7 +57,7 @@ class EvictionPlan:
         return cls(before, str(obj.get("source", "")))
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json()))
+        write_text(path, json.dumps(self.to_json()))
 
     @classmethod
     def load(cls, path: str | Path) -> EvictionPlan:

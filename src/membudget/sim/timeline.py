@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from membudget.outputs import replacing
+
 if TYPE_CHECKING:
     from membudget.core.allocators.block import Block
     from membudget.core.engine import Engine
@@ -175,7 +177,8 @@ def plot_timeline(recorder: Recorder, path: str | Path, title: str = "Memory tim
     handles.append(Patch(color=FREE_COLOR, label="free"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     out = Path(path)
-    fig.savefig(out, dpi=120, bbox_inches="tight")
+    with replacing(out) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight", format=out.suffix[1:] or "png")
     return out
 
 
@@ -219,7 +222,7 @@ def write_snapshot(recorder: Recorder, path: str | Path, pool_bytes: int | None 
                    device: int = 0) -> Path:
     """Pickle :func:`make_snapshot` to ``path`` (open it at pytorch.org/memory_viz)."""
     out = Path(path)
-    with out.open("wb") as f:
+    with replacing(out) as tmp, tmp.open("wb") as f:
         pickle.dump(make_snapshot(recorder, pool_bytes, device), f)
     return out
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from membudget.errors import TraceError
+from membudget.outputs import replacing
 
 FORMAT_KEY = "membudget_trace"
 VERSION = 1
@@ -149,10 +150,11 @@ def event_to_json(ev: Event) -> dict[str, Any]:
 
 
 def write_trace(path: str | Path, header: dict[str, Any], events: Iterable[Event]) -> int:
-    """Write a trace (gzip if ``path`` ends in .gz); return the number of events written."""
+    """Write a trace (gzip if ``path`` ends in .gz), whole or not at all (``replacing``);
+    return the number of events written."""
     head = {FORMAT_KEY: VERSION, **{k: v for k, v in header.items() if k != FORMAT_KEY}}
     n = 0
-    with _open_text(path, "w") as f:
+    with replacing(path) as tmp, _open_text(tmp, "w") as f:
         f.write(json.dumps(head) + "\n")
         for ev in events:
             f.write(json.dumps(event_to_json(ev), separators=(",", ":")) + "\n")
