@@ -91,7 +91,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_cli_simulate_json_import_and_errors(tmp_path):
     path = _small_trace(tmp_path)
-    run = _cli("simulate", str(path), "--policy", "dtr-eq", "--ratio", "0.9", "--json")
+    # (at 0.9 this three-op trace runs out of memory: --json now exits 1 then, as text does)
+    run = _cli("simulate", str(path), "--policy", "dtr-eq", "--ratio", "1.0", "--json")
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     for key in ("status", "overhead", "baseline_cost", "baseline_peak_bytes", "budget_bytes",

@@ -1,5 +1,6 @@
-"""Every command that writes refuses an output that is one of its inputs, and writes whole
-files or none: the way a user loses data, tried on the real commands."""
+"""Bad input through the real commands: an output that is one of the inputs is refused and
+the input kept, files are written whole or not at all, and bad options get one line on
+stderr and exit status 2 before any work."""
 
 from __future__ import annotations
 
@@ -102,3 +103,28 @@ def test_check_output_compares_files_not_names(tmp_path):
     assert check_output(tmp_path / "b.txt", [a]) == tmp_path / "b.txt"
     with pytest.raises(MembudgetError, match="is also an input"):
         check_output(tmp_path / "." / "a.txt", [f"{a}::member"])
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["simulate", "{t}", "--ratio", "inf"], "--ratio must be a finite number > 0"),
+    (["simulate", "{t}", "--ratio", "nan"], "--ratio must be a finite number > 0"),
+    (["simulate", "{t}", "--ratio", "0.5", "--overhead-limit", "nan"], "--overhead-limit"),
+    (["simulate", "{t}", "--ratio", "0.5", "--overhead-limit", "-1"], "--overhead-limit"),
+    (["sweep", "{t}", "--ratios", ""], "--ratios is empty"),
+    (["sweep", "{t}", "--ratios", "0.5,0"], "--ratios must be a finite number > 0"),
+    (["sweep", "{t}", "--policies", ","], "--policies is empty"),
+    (["sweep", "{t}", "--swap", ""], "--swap is empty"),
+    (["optimum", "{t}", "--ratio", "0.5", "--time-limit", "-1"], "--time-limit"),
+    (["plan", "{t}", "--solver", "nope"], "unknown --solver 'nope'"),
+    (["plan", "{t}", "--time-limit", "nan"], "--time-limit"),
+    (["timeline", "{t}", "--ratio", "-0.5", "-o", "x.png"], "--ratio"),
+    (["demo", "--steps", "0"], "--steps must be at least 1"),
+])
+def test_bad_options_get_one_line_and_exit_2(trace_file, args, words):
+    result = cli(*[str(trace_file) if a == "{t}" else a for a in args])
+    assert refused(result, words), result.stderr
+
+
+def test_simulate_json_exits_1_when_the_run_does_not_complete(trace_file):
+    result = cli("simulate", str(trace_file), "--ratio", "0.01", "--json")
+    assert result.returncode == 1 and '"status": "oom"' in result.stdout

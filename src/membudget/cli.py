@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,18 +30,39 @@ err = Console(stderr=True)
 
 
 def _floats(text: str, what: str) -> list[float]:
+    """Comma-separated finite numbers > 0 (budget ratios), at least one."""
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise typer.BadParameter(f"{what} must be comma-separated numbers, got {text!r}") from None
+        raise MembudgetError(f"{what} must be comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise MembudgetError(f"{what} is empty; give at least one number")
+    for v in values:
+        _positive(v, what)
+    return values
 
 
-def _names(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
+def _names(text: str, what: str = "the list") -> list[str]:
+    """Comma-separated names, at least one."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise MembudgetError(f"{what} is empty; give at least one name")
+    return names
 
 
 def _limit(value: float) -> float | None:
+    """An --overhead-limit: None for inf; at least 1 (the program's own ops), never NaN."""
+    if not value >= 1:
+        raise MembudgetError(f"--overhead-limit must be at least 1 (× the unconstrained cost) "
+                             f"or inf, got {value}")
     return None if value == float("inf") else value
+
+
+def _positive(value: float | None, option: str) -> float | None:
+    """``value`` if it is None or a finite number > 0; else a clear error naming ``option``."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise MembudgetError(f"{option} must be a finite number > 0, got {value}")
+    return value
 
 
 def _ratio(value: float | None) -> str:
@@ -100,27 +122,31 @@ def simulate(
     from membudget.trace import load_trace
 
     if (ratio is None) == (budget is None):
-        raise typer.BadParameter("give exactly one of --ratio and --budget")
+        raise MembudgetError("give exactly one of --ratio and --budget")
+    _positive(ratio, "--ratio")
+    limit = _limit(overhead_limit)
     try:
         nbytes = None if budget is None else parse_bytes(budget)
     except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
+        raise MembudgetError(str(e)) from None
     tr = load_trace(trace)
     base = measure_baseline(tr)
     result = run(tr, policy, ratio=ratio, budget=nbytes, semantics=semantics,
-                 overhead_limit=_limit(overhead_limit), seed=seed, allocator=allocator,
+                 overhead_limit=limit, seed=seed, allocator=allocator,
                  inplace=inplace, baseline=base, swap=swap)
     limits = None
     if min_budget:
         with err.status("bisecting the minimum and cutoff budgets"):
             limits = budget_limits(tr, policy, allocator=allocator, inplace=inplace,
-                                   semantics=semantics, overhead_limit=_limit(overhead_limit),
+                                   semantics=semantics, overhead_limit=limit,
                                    baseline=base, seed=seed, swap=swap)
     if as_json:
         obj = result.to_json()
         if limits is not None:
             obj["budget_limits"] = limits.to_json()
         print(json.dumps(obj))
+        if result.status != "ok":  # as in text mode
+            raise typer.Exit(1)
         return
     s = result.search_us
     f = result.fragmentation
@@ -185,13 +211,13 @@ def optimum(
     from membudget.trace import load_trace
 
     if (ratio is None) == (budget is None):
-        raise typer.BadParameter("give exactly one of --ratio and --budget")
-    if not time_limit > 0:
-        raise typer.BadParameter(f"--time-limit must be > 0 seconds, got {time_limit}")
+        raise MembudgetError("give exactly one of --ratio and --budget")
+    _positive(ratio, "--ratio")
+    _positive(time_limit, "--time-limit")
     try:
         nbytes = None if budget is None else parse_bytes(budget)
     except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
+        raise MembudgetError(str(e)) from None
     if plan_out is not None:
         check_output(plan_out, [trace])
     tr = load_trace(trace)
@@ -264,7 +290,10 @@ def sweep(
     from membudget.sim.method import Method
     from membudget.trace import expand_sources
 
-    methods = [Method.parse(m, allocator, inplace) for m in _names(policies)]
+    methods = [Method.parse(m, allocator, inplace) for m in _names(policies, "--policies")]
+    swaps = _names(swap, "--swap")
+    ratio_list = _floats(ratios, "--ratios")
+    limit = _limit(overhead_limit)
     if json_out:
         check_output(json_out, traces)
     if plot:
@@ -275,17 +304,14 @@ def sweep(
 
         with _capture_progress("capturing zoo models") as progress:
             sources = zoo_sources(sources, batch, device_spec, progress)
-    swaps = _names(swap)
-    results = run(sources, methods, _floats(ratios, "--ratios"), semantics=semantics,
-                  overhead_limit=_limit(overhead_limit), workers=workers or None, console=err,
-                  swaps=swaps)
+    results = run(sources, methods, ratio_list, semantics=semantics, overhead_limit=limit,
+                  workers=workers or None, console=err, swaps=swaps)
     out.print(overhead_table(results))
     out.print(metrics_table(results))
     found = []
     if min_budget:
-        found = bisect(sources, methods, semantics=semantics,
-                       overhead_limit=_limit(overhead_limit), workers=workers or None,
-                       console=err, swaps=swaps)
+        found = bisect(sources, methods, semantics=semantics, overhead_limit=limit,
+                       workers=workers or None, console=err, swaps=swaps)
         out.print(limits_table(found))
     if json_out:
         write_text(json_out, json.dumps({"runs": [r.to_json() for r in results],
@@ -319,6 +345,7 @@ def timeline(
     from membudget.sim.timeline import Recorder, plot_timeline, write_snapshot
     from membudget.trace import load_trace
 
+    _positive(ratio, "--ratio")
     check_output(output, [trace])
     if snapshot:
         check_output(snapshot, [trace, output])
@@ -447,9 +474,13 @@ def plan(
     arena; print the recorded-order peak, planned peak, arena, lower bound and solve times."""
     from rich.table import Table
 
+    from membudget.plan.order import SOLVERS
     from membudget.plan.planner import plan_trace
     from membudget.trace import load_trace
 
+    _positive(time_limit, "--time-limit")
+    if solver is not None and solver not in SOLVERS:
+        raise MembudgetError(f"unknown --solver {solver!r}; known: {', '.join(SOLVERS)}")
     for target in (output, export_problem):
         if target is not None:
             check_output(target, [source])
@@ -533,6 +564,8 @@ def pack(
     """
     from membudget.plan.pack import pack_file
 
+    _positive(time_limit, "--time-limit")
+    _positive(capacity, "--capacity")
     if output is not None:
         check_output(output, [problem])
     with err.status(f"packing {problem}") as status:
@@ -564,8 +597,9 @@ def demo(
     """Train a small GPT-2 under a budget beside an unconstrained run and compare them."""
     from membudget.demo import demo_table, run_demo
 
-    if not ratio > 0:
-        raise typer.BadParameter(f"--ratio must be > 0, got {ratio}")
+    _positive(ratio, "--ratio")
+    if steps < 1:
+        raise MembudgetError(f"--steps must be at least 1, got {steps}")
     err.print(f"[bold]membudget demo[/]: a GPT-2 config from transformers (random init, no "
               f"download), {steps} AdamW steps, once without a budget and once under "
               f"{ratio:g} × its peak with {policy}")
