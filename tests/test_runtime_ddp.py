@@ -26,6 +26,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def on_two_ranks(worker) -> dict:
+    """Run ``worker(rank, world, port, results)`` in 2 processes; their results by rank."""
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(worker, args=(2, _free_port(), results), nprocs=2)
+        got = dict(results)
+    assert sorted(got) == [0, 1]
+    return got
+
+
 def _worker(rank: int, world: int, port: int, results: dict) -> None:
     import membudget
 
@@ -68,11 +78,7 @@ def _worker(rank: int, world: int, port: int, results: dict) -> None:
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built")
 def test_ddp_gradients_equal_an_unconstrained_ddp_step():
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_worker, args=(2, _free_port(), results), nprocs=2)
-        got = dict(results)
-    assert sorted(got) == [0, 1]
+    got = on_two_ranks(_worker)
     for equal, evictions, within, rebuilt, same_stats in got.values():
         assert equal == [True, True] and within == [True, True] and min(evictions) > 0
         assert rebuilt and same_stats

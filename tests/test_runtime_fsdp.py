@@ -10,22 +10,15 @@ equal those of an unconstrained FSDP model trained beside it from the same initi
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from test_runtime_ddp import on_two_ranks
 from torch import nn
 
 BATCH, STEPS = 1024, 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _sharded(mesh: object) -> nn.Sequential:
@@ -132,11 +125,7 @@ def _worker(rank: int, world: int, port: int, results: dict) -> None:
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                     reason="torch.distributed with gloo is not built")
 def test_fsdp_counts_gathered_parameters_and_matches_unconstrained_fsdp():
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_worker, args=(2, _free_port(), results), nprocs=2)
-        got = dict(results)
-    assert sorted(got) == [0, 1]
+    got = on_two_ranks(_worker)
     for steps, same, seen, unit, sharded in got.values():
         (free_evictions, _, free_equal), *budgeted = steps
         assert free_evictions == 0 and free_equal

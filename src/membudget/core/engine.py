@@ -629,14 +629,8 @@ class Engine:
             self._hosted(s)
         s.host_ready = min(s.host_ready, self.clock + stall)
         self._held[s] = [t for t in s.tensors if t.defined]
-        self.allocator.free(s)
-        self.executor.drop(s)
-        s.resident = False
+        self._drop(s, True)
         s.swapped = True
-        for t in s.tensors:
-            t.defined = False
-        if s.slot >= 0:
-            self.pool.remove(s)
         st.swap_outs += 1
         if self._backlog is not None:
             self._arriving.pop(s, None)
@@ -752,15 +746,8 @@ class Engine:
     def _evict(self, s: Storage, freed: bool = True) -> None:
         """Drop the bytes of ``s`` but keep its history so it can be recomputed
         (``freed=False``: its bytes were handed to a new version instead)."""
-        if freed:
-            self.allocator.free(s)
-        self.executor.drop(s)
-        s.resident = False
+        self._drop(s, freed)
         s.evicted = True
-        for t in s.tensors:
-            t.defined = False
-        if s.slot >= 0:
-            self.pool.remove(s)
         stale = self.pool.stale  # _count_evicted(s, +1), inlined: on every eager eviction
         for p in s.parents:
             p.ev_children += 1
@@ -771,6 +758,18 @@ class Engine:
             if c.slot >= 0:
                 stale.append(c)
         self.policy.on_evict(s)
+
+    def _drop(self, s: Storage, freed: bool) -> None:
+        """The device no longer holds the data of ``s`` (an eviction or a swap-out): its
+        block is freed (unless handed over), its tensors undefined, and it leaves the pool."""
+        if freed:
+            self.allocator.free(s)
+        self.executor.drop(s)
+        s.resident = False
+        for t in s.tensors:
+            t.defined = False
+        if s.slot >= 0:
+            self.pool.remove(s)
 
     def _count_evicted(self, s: Storage, delta: int) -> None:
         """``s`` joined (+1) or left (-1) the evicted set: update its neighbours' counts."""
