@@ -128,3 +128,28 @@ def test_bad_options_get_one_line_and_exit_2(trace_file, args, words):
 def test_simulate_json_exits_1_when_the_run_does_not_complete(trace_file):
     result = cli("simulate", str(trace_file), "--ratio", "0.01", "--json")
     assert result.returncode == 1 and '"status": "oom"' in result.stdout
+
+
+@pytest.mark.parametrize(("line", "words"), [
+    ('{"ev": "call", "t": 2, "op": "f", "in": [1], "out": [2], "bytes": [8], "cost": NaN}',
+     "field 'cost' must be a finite number >= 0, got nan"),
+    ('{"ev": "call", "t": 2, "op": "f", "in": [1], "out": [2], "bytes": [8], "cost": Infinity}',
+     "field 'cost' must be a finite number"),
+    ('{"ev": "put", "t": 1, "bytes": 1000000000000000000000000000000}', "within int64"),
+    ('{"ev": "put", "t": 1, "bytes": ' + "9" * 5000 + "}", "malformed JSON"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"ev": "' + "x" * 1_000_000 + '"}', "unknown event 'xxx"),
+])
+def test_a_bad_trace_line_is_named_in_one_short_line(tmp_path, line, words):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"membudget_trace": 1}\n{"ev": "put", "t": 1, "bytes": 8}\n' + line + "\n")
+    result = cli("simulate", str(path), "--ratio", "0.5")
+    assert refused(result, words) and "bad.jsonl:3" in result.stderr, result.stderr[:500]
+    assert len(result.stderr) < 400  # a field is quoted in part, never whole
+
+
+def test_invalid_utf8_and_a_directory_are_named(tmp_path):
+    path = tmp_path / "bin.jsonl"
+    path.write_bytes(b'{"membudget_trace": 1}\n{"ev": "put", "t": 1, "bytes": 8}\n\xff\xfe\n')
+    assert refused(cli("simulate", str(path), "--ratio", "0.5"), "bin.jsonl:3")
+    assert refused(cli("simulate", str(tmp_path), "--ratio", "0.5"), "is a directory")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import zipfile
 import zlib
 from collections.abc import Iterable, Iterator
@@ -50,7 +51,31 @@ class Trace:
 
 ZIP_SEP = "::"
 # What reading a truncated or corrupt gzip stream raises.
-_CORRUPT = (EOFError, OSError, zlib.error)
+_CORRUPT = (EOFError, OSError, zlib.error, UnicodeDecodeError)
+INT64_MAX = (1 << 63) - 1  # sizes and ids beyond it cannot be counted or replayed
+
+
+def _check_utf8(raw: str, path: object, line: int) -> None:
+    """A line read with ``surrogateescape`` holds lone surrogates where its bytes were not
+    UTF-8: name the line (an ASCII line, nearly every one, costs one check)."""
+    if not raw.isascii():
+        try:
+            raw.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise TraceError(path, line, f"not UTF-8 text (at character {e.start})") from None
+
+
+def _json_error(e: Exception) -> str:
+    """What ``json.loads`` objected to, in a few words."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return getattr(e, "msg", None) or _excerpt(str(e))
+
+
+def _excerpt(v: object, limit: int = 60) -> str:
+    """``repr(v)``, cut to ``limit`` characters: a message quotes a field, never all of it."""
+    r = repr(v)
+    return r if len(r) <= limit else f"{r[:limit]}... ({len(r):,} characters)"
 
 
 def split_source(path: str | Path) -> tuple[Path, str | None]:
@@ -81,8 +106,9 @@ def resolve_member(archive: Path, member: str) -> str:
     return hits[0]
 
 
-def _open_text(path: str | Path, mode: str) -> IO[str]:
-    """Open a trace file for text: plain or gzip, or (to read) a member of a zip archive."""
+def _open_text(path: str | Path, mode: str, errors: str = "strict") -> IO[str]:
+    """Open a trace file for text: plain or gzip, or (to read) a member of a zip archive;
+    ``errors`` as for :func:`open` (the trace reader checks each line itself)."""
     archive, member = split_source(path)
     if member is not None:
         if mode != "r":
@@ -93,15 +119,17 @@ def _open_text(path: str | Path, mode: str) -> IO[str]:
         raw = z.open(resolve_member(archive, member))
         if raw.peek(2)[:2] == b"\x1f\x8b":
             raw = gzip.GzipFile(fileobj=raw)
-        return io.TextIOWrapper(raw, encoding="utf-8")
+        return io.TextIOWrapper(raw, encoding="utf-8", errors=errors)
     if mode == "r":
+        if archive.is_dir():
+            raise TraceError(archive, None, "is a directory, not a trace file")
         if not archive.is_file():
             raise TraceError(archive, None, "no such file")
         with open(archive, "rb") as f:
             gz = f.read(2) == b"\x1f\x8b"
         if gz:
-            return io.TextIOWrapper(gzip.open(archive, "rb"), encoding="utf-8")
-        return open(archive, encoding="utf-8")
+            return io.TextIOWrapper(gzip.open(archive, "rb"), encoding="utf-8", errors=errors)
+        return open(archive, encoding="utf-8", errors=errors)
     if archive.suffix == ".gz":
         return io.TextIOWrapper(gzip.open(archive, "wb"), encoding="utf-8")
     return open(archive, "w", encoding="utf-8")
@@ -109,7 +137,7 @@ def _open_text(path: str | Path, mode: str) -> IO[str]:
 
 def first_record(path: str | Path) -> dict[str, Any] | None:
     """The first JSON object of a file (plain or gzip), or None if it has none or is not JSON."""
-    with _open_text(path, "r") as f:
+    with _open_text(path, "r", errors="surrogateescape") as f:  # (the reader names bad bytes)
         try:
             line = next((raw for raw in f if raw.strip()), None)
         except _CORRUPT as e:
@@ -118,7 +146,7 @@ def first_record(path: str | Path) -> dict[str, Any] | None:
         return None
     try:
         obj = json.loads(line)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
 
@@ -167,15 +195,17 @@ def _ids(obj: dict, key: str, path: object, line: int, required: bool = True) ->
     v = obj.get(key)
     if v is None and not required:
         return ()
-    if not isinstance(v, list) or not all(isinstance(x, int) for x in v):
-        raise TraceError(path, line, f"field {key!r} must be a list of integers, got {v!r}")
+    if not isinstance(v, list) or not all(type(x) is int and abs(x) <= INT64_MAX for x in v):
+        raise TraceError(path, line, f"field {key!r} must be a list of integers within "
+                                     f"int64, got {_excerpt(v)}")
     return tuple(v)
 
 
 def _int(obj: dict, key: str, path: object, line: int) -> int:
     v = obj.get(key)
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise TraceError(path, line, f"field {key!r} must be an integer, got {v!r}")
+    if type(v) is not int or abs(v) > INT64_MAX:
+        raise TraceError(path, line, f"field {key!r} must be an integer within int64, got "
+                                     f"{_excerpt(v)}")
     return v
 
 
@@ -197,11 +227,13 @@ def parse_event(obj: Any, path: object, line: int) -> Event:
         if any(not -1 <= a < len(ins) for a in alias) or any(not 0 <= m < len(ins) for m in mut):
             raise TraceError(path, line, "'alias'/'mut' index out of range of 'in'")
         cost = obj.get("cost")
-        if not isinstance(cost, (int, float)) or isinstance(cost, bool) or cost < 0:
-            raise TraceError(path, line, f"field 'cost' must be a number >= 0, got {cost!r}")
+        if (not isinstance(cost, (int, float)) or isinstance(cost, bool)
+                or not 0 <= cost < math.inf):
+            raise TraceError(path, line, f"field 'cost' must be a finite number >= 0, got "
+                                         f"{_excerpt(cost)}")
         op = obj.get("op")
         if not isinstance(op, str):
-            raise TraceError(path, line, f"field 'op' must be a string, got {op!r}")
+            raise TraceError(path, line, f"field 'op' must be a string, got {_excerpt(op)}")
         return (CALL, line, op, ins, outs, nbytes, alias, float(cost), mut)
     if kind in (RELEASE, GET):
         return (kind, line, _int(obj, "t", path, line))
@@ -209,7 +241,7 @@ def parse_event(obj: Any, path: object, line: int) -> Event:
         overwrite = obj.get("overwrite", False)
         if not isinstance(overwrite, bool):
             raise TraceError(path, line, f"field 'overwrite' must be true or false, got "
-                                         f"{overwrite!r}")
+                                         f"{_excerpt(overwrite)}")
         return (PIN, line, _int(obj, "t", path, line), overwrite)
     if kind in (COPY, COPY_FROM):
         return (kind, line, _int(obj, "src", path, line), _int(obj, "t", path, line))
@@ -220,19 +252,20 @@ def parse_event(obj: Any, path: object, line: int) -> Event:
         return (PUT, line, _int(obj, "t", path, line), nbytes, str(obj.get("kind", "leaf")))
     if kind == PHASE:
         return (PHASE, line, str(obj.get("name", "")))
-    raise TraceError(path, line, f"unknown event {kind!r}; expected one of "
+    raise TraceError(path, line, f"unknown event {_excerpt(kind)}; expected one of "
                                  f"{[PUT, CALL, COPY, COPY_FROM, RELEASE, GET, PIN, PHASE]}")
 
 
 def iter_trace(path: str | Path) -> tuple[dict[str, Any], Iterator[Event]]:
     """Open a v1 trace for streaming: its header, and an iterator over its events."""
-    f = _open_text(path, "r")
+    f = _open_text(path, "r", errors="surrogateescape")  # bad bytes: named with their line
     line_no = 0
     try:
         try:
             for raw in f:
                 line_no += 1
                 if raw.strip():
+                    _check_utf8(raw, path, line_no)
                     break
             else:
                 raise TraceError(path, None, "empty file: no trace header")
@@ -240,8 +273,8 @@ def iter_trace(path: str | Path) -> tuple[dict[str, Any], Iterator[Event]]:
             raise TraceError(path, line_no + 1, f"truncated or corrupt file: {e}") from None
         try:
             header = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise TraceError(path, line_no, f"header is not JSON: {e.msg}") from None
+        except (ValueError, RecursionError) as e:  # (too deep, or a 5,000-digit number)
+            raise TraceError(path, line_no, f"header is not JSON: {_json_error(e)}") from None
         if not isinstance(header, dict) or header.get(FORMAT_KEY) != VERSION:
             raise TraceError(path, line_no, f"not a membudget trace v{VERSION} header "
                                             f"(expected {{\"{FORMAT_KEY}\": {VERSION}, ...}})")
@@ -257,10 +290,12 @@ def iter_trace(path: str | Path) -> tuple[dict[str, Any], Iterator[Event]]:
                     line += 1
                     if not raw.strip():
                         continue
+                    _check_utf8(raw, path, line)
                     try:
                         obj = json.loads(raw)
-                    except json.JSONDecodeError as e:
-                        raise TraceError(path, line, f"malformed JSON ({e.msg})") from None
+                    except (ValueError, RecursionError) as e:
+                        raise TraceError(path, line,
+                                         f"malformed JSON ({_json_error(e)})") from None
                     yield parse_event(obj, path, line)
             except _CORRUPT as e:
                 raise TraceError(path, line + 1, f"truncated or corrupt file: {e}") from None
