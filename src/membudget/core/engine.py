@@ -27,6 +27,19 @@ INPLACE_MODES = ("cow", "remat")
 SWAP_MODES = ("off", "only", "both")
 
 
+def check_swap(swap: str, inplace: str | None, default_inplace: str) -> str:
+    """The in-place mode a run with ``swap`` uses (``inplace``, else copy-on-write with
+    "only", which keeps no history to recompute an old value from, else the default); a
+    clear error for an unknown swap mode or recomputable in-place with "only"."""
+    if swap not in SWAP_MODES:
+        raise EngineError(f"unknown swap mode {swap!r}; known: {', '.join(SWAP_MODES)}")
+    if swap == "only" and inplace == "remat":
+        raise EngineError("swap='only' keeps no compute history, so an in-place write "
+                          "cannot leave a recomputable old value; use inplace='cow' "
+                          "(--inplace cow)")
+    return inplace or ("cow" if swap == "only" else default_inplace)
+
+
 class Engine:
     """Runs a program's ops under ``budget`` bytes, recomputing evicted values on demand.
 
@@ -75,12 +88,7 @@ class Engine:
             raise EngineError(f"policy {self.policy.name!r} reads the address layout, which the "
                               f"{self.allocator.name!r} allocator does not have; use best-fit, "
                               "two-sided or torch-caching")
-        if swap not in SWAP_MODES:
-            raise EngineError(f"unknown swap mode {swap!r}; known: {', '.join(SWAP_MODES)}")
-        if swap == "only" and inplace == "remat":
-            raise EngineError("swap='only' keeps no compute history, so an in-place write "
-                              "cannot leave a recomputable old value; use inplace='cow'")
-        inplace = inplace or ("cow" if swap == "only" else self.policy.default_inplace)
+        inplace = check_swap(swap, inplace, self.policy.default_inplace)
         if inplace not in INPLACE_MODES:
             raise EngineError(f"unknown in-place mode {inplace!r}; known: "
                               f"{', '.join(INPLACE_MODES)}")

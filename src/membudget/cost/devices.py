@@ -55,6 +55,10 @@ class DeviceSpec:
             return self.host_bandwidth * HOST_LINK_EFF
         return self.bandwidth * self.bandwidth_efficiency / 2
 
+    def host_copy_ns(self) -> tuple[float, float]:
+        """A host copy's price in ns: per byte, and per copy (the launch overhead)."""
+        return 1e9 / self.host_link_rate(), self.launch_overhead * 1e9
+
     def peak_flops(self, dtype: torch.dtype, *, tf32: bool = False) -> float:
         """Peak matmul FLOP/s for ``dtype`` (fp32 at the TF32 rate when ``tf32`` and the device
         has TF32); dtypes without their own entry (integers, fp8, complex) use the fp32 rate."""

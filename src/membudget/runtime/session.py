@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import (
     is_traceable_wrapper_subclass,
 )
 
-from membudget.core.engine import SWAP_MODES, Engine
+from membudget.core.engine import Engine, check_swap
 from membudget.core.policies import resolve_policy
 from membudget.core.records import Tensor
 from membudget.errors import BudgetTooSmallError, MembudgetError, OutOfBudget
@@ -81,8 +81,7 @@ class Session(TorchDispatchMode, ContextDecorator):
             raise MembudgetError(f"a budget must be > 0 bytes, got {budget!r}")
         check_name(determinism_check)  # refused here, before the session is entered
         self.mode = check_mode(mode)
-        if swap not in SWAP_MODES:
-            raise MembudgetError(f"unknown swap mode {swap!r}; known: {', '.join(SWAP_MODES)}")
+        check_swap(swap, inplace, "cow")  # refused here, before the session is entered
         if swap != "off" and mode == "planned":
             raise NotImplementedError("planned sessions follow plans of drops only: use "
                                       "mode='dynamic' with swap, or swap='off'")

@@ -188,9 +188,7 @@ def link_prices() -> tuple[float, float]:
     """ns per byte and ns per copy of a swap to host memory on this machine's device kind:
     the host link of the spec the cost model prices its ops on (an A100's PCIe 4.0 x16 for
     an accelerator; on a CPU, a copy within memory)."""
-    kind = "cuda" if torch.accelerator.is_available() else "cpu"
-    spec = _model(kind).spec
-    return 1e9 / spec.host_link_rate(), spec.launch_overhead * 1e9
+    return _model("cuda" if torch.accelerator.is_available() else "cpu").spec.host_copy_ns()
 
 
 @cache

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from membudget.core.allocators import make_allocator
-from membudget.core.engine import INPLACE_MODES, SWAP_MODES, Engine
+from membudget.core.engine import INPLACE_MODES, Engine, check_swap
 from membudget.core.executor import SimulatedExecutor
 from membudget.core.policies import make_policy, resolve_policy
 from membudget.errors import MembudgetError, OutOfBudget, Thrashed
@@ -38,7 +38,6 @@ def copy_executor(header: dict[str, Any]) -> SimulatedExecutor:
     from membudget.cost.devices import get_spec  # (imports torch: only when simulating)
 
     spec = get_spec(str(header.get("device_spec") or COPY_SPEC))
-    launch = spec.launch_overhead * 1e9
     link = header.get("host_link")
     if isinstance(link, dict):
         try:
@@ -48,9 +47,9 @@ def copy_executor(header: dict[str, Any]) -> SimulatedExecutor:
                                  "ns_per_byte and launch_ns") from None
         overlap = bool(link.get("overlap", False))
     else:
-        link_ns, link_launch, overlap = 1e9 / spec.host_link_rate(), launch, True
-    return SimulatedExecutor(1e9 / (spec.bandwidth * spec.bandwidth_efficiency), launch,
-                             link_ns, link_launch, overlap)
+        (link_ns, link_launch), overlap = spec.host_copy_ns(), True
+    return SimulatedExecutor(1e9 / (spec.bandwidth * spec.bandwidth_efficiency),
+                             spec.launch_overhead * 1e9, link_ns, link_launch, overlap)
 
 
 @dataclass(frozen=True)
@@ -112,13 +111,8 @@ def check_config(policy: str, allocator: str | None = None, inplace: str | None 
     pol = make_policy(policy, **(policy_options or {}))
     if semantics not in SEMANTICS:
         raise MembudgetError(f"unknown semantics {semantics!r}; known: {', '.join(SEMANTICS)}")
-    if swap not in SWAP_MODES:
-        raise MembudgetError(f"unknown swap mode {swap!r}; known: {', '.join(SWAP_MODES)}")
-    if swap == "only" and inplace == "remat":
-        raise MembudgetError("swap 'only' keeps no compute history, so in-place writes "
-                             "cannot be recomputable; use the in-place mode cow")
     allocator = allocator or pol.default_allocator
-    inplace = inplace or ("cow" if swap == "only" else pol.default_inplace)
+    inplace = check_swap(swap, inplace, pol.default_inplace)
     if inplace not in INPLACE_MODES:
         raise MembudgetError(f"unknown in-place mode {inplace!r}; known: "
                              f"{', '.join(INPLACE_MODES)}")
