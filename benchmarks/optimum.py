@@ -30,12 +30,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from membudget.inputs import zip_members
 from membudget.plan.optimum import BudgetInfeasible, optimum
 from membudget.plan.remat_problem import remat_problem
 from membudget.sim import measure_baseline, simulate
 from membudget.trace import load_trace
 from membudget.trace.capture import cached_trace
-from membudget.trace.format import zip_members
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT.parent / "shared" / "dtr-logs" / "logs.zip"

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import ProgressColumn, Task
 from rich.text import Text
 
@@ -25,8 +26,9 @@ import_app = typer.Typer(no_args_is_help=True, help="Convert other formats into 
 app.add_typer(import_app, name="import")
 
 # Tables stay whole when the output is a file or a pipe (rich would wrap at 80 columns).
-out = Console(width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True)
+# Markup only where a line asks for it: names and paths from the input may hold brackets.
+out = Console(width=None if sys.stdout.isatty() else 200, markup=False)
+err = Console(stderr=True, markup=False)
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -150,8 +152,9 @@ def simulate(
         return
     s = result.search_us
     f = result.fragmentation
-    out.print(f"[bold]{result.trace}[/] · {result.policy} on {result.allocator}, in-place "
-              f"{result.inplace}, swap {result.swap} · {semantics} semantics")
+    out.print(f"[bold]{escape(result.trace)}[/] · {result.policy} on {result.allocator}, "
+              f"in-place {result.inplace}, swap {result.swap} · {semantics} semantics",
+              markup=True)
     out.print(f"status        {result.status}" + (f" — {result.message}" if result.message
                                                  else ""))
     out.print(f"budget        {format_bytes(result.budget_bytes)} "
@@ -602,7 +605,7 @@ def demo(
         raise MembudgetError(f"--steps must be at least 1, got {steps}")
     err.print(f"[bold]membudget demo[/]: a GPT-2 config from transformers (random init, no "
               f"download), {steps} AdamW steps, once without a budget and once under "
-              f"{ratio:g} × its peak with {policy}")
+              f"{ratio:g} × its peak with {escape(policy)}", markup=True)
     plain, limited, budget = run_demo(ratio, steps, policy, console=err)
     out.print(demo_table(plain, limited, budget, policy, ratio))
     worst = max(r.peak_bytes for r in limited)
@@ -620,7 +623,8 @@ def main() -> None:
     try:
         app()
     except MembudgetError as e:
-        err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)  # one line
+        err.print(f"[red]error:[/] {escape(str(e))}", markup=True, highlight=False,
+                  soft_wrap=True)  # one line
         sys.exit(2)
 
 

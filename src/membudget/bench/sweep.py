@@ -83,8 +83,8 @@ def _parallel(fn: Callable[[J, dict[str, Any]], R], jobs: list[J], opts: dict[st
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
     results: dict[J, R] = {}
     bar = Progress(TextColumn(f"[bold]{what}[/]"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("{task.description}"), console=console,
-                   disable=not progress, transient=False)
+                   TimeElapsedColumn(), TextColumn("{task.description}", markup=False),
+                   console=console, disable=not progress, transient=False)
     with bar:
         task = bar.add_task("", total=len(jobs))
         if workers == 1:

@@ -7,9 +7,12 @@ buffer's ``offset`` in the arena. Errors name the file and line.
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from membudget.errors import TraceError
+from membudget.inputs import CORRUPT, INT64_MAX, check_utf8, excerpt, open_text
 from membudget.outputs import replacing
 from membudget.plan.problem import Buffer, PlanError, Problem
 
@@ -22,12 +25,33 @@ def read_csv(path: str | Path) -> Problem:
 
     An empty ``offset`` cell leaves that buffer without an offset.
     """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except OSError as e:
-        raise TraceError(path, None, f"cannot read: {e.strerror}") from None
-    rows = csv.reader(text.splitlines())
+    with open_text(path, encoding="utf-8-sig") as f:
+        lines = _Lines(f, path)
+        try:
+            return _read(csv.reader(lines), path)
+        except csv.Error as e:
+            raise TraceError(path, lines.line, f"malformed CSV: {e}") from None
+        except CORRUPT as e:
+            raise TraceError(path, lines.line + 1, f"cannot read: {e}") from None
+
+
+class _Lines:
+    """A text file's lines, each checked to be UTF-8; ``line`` counts those read."""
+
+    def __init__(self, f: Iterator[str], path: object) -> None:
+        self.f, self.path, self.line = f, path, 0
+
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> str:
+        raw = next(self.f)
+        self.line += 1
+        check_utf8(raw, self.path, self.line)
+        return raw
+
+
+def _read(rows: Any, path: object) -> Problem:
     header = [h.strip() for h in next(rows, [])]
     if not any(header):
         raise TraceError(path, 1, "empty file; expected the header id,lower,upper,size")
@@ -37,7 +61,7 @@ def read_csv(path: str | Path) -> Problem:
                                   "contain id,lower,upper,size (and optionally offset)")
     unknown = [c for c in header if c not in REQUIRED + OPTIONAL]
     if unknown:
-        raise TraceError(path, 1, f"unsupported column(s) {', '.join(unknown)}")
+        raise TraceError(path, 1, f"unsupported column(s) {excerpt(', '.join(unknown))}")
     if len(set(header)) != len(header):
         raise TraceError(path, 1, "a column appears twice in the header")
     col = {name: i for i, name in enumerate(header)}
@@ -54,26 +78,32 @@ def read_csv(path: str | Path) -> Problem:
         bid = cells["id"]
         if not bid:
             raise TraceError(path, line, "malformed row: empty id")
-        try:
-            lower, upper, size = (int(cells[c]) for c in ("lower", "upper", "size"))
-            offset = int(cells["offset"]) if cells.get("offset") else None
-        except ValueError:
-            raise TraceError(path, line, f"malformed row: {','.join(row)!r} has a field that "
-                                         "is not an integer") from None
+        lower, upper, size = (_int(cells[c], c, path, line) for c in ("lower", "upper", "size"))
+        offset = _int(cells["offset"], "offset", path, line) if cells.get("offset") else None
         if size <= 0:
-            raise TraceError(path, line, f"buffer {bid!r} has size {size}; sizes must be "
-                                         "positive (drop buffers of size 0: they take no "
+            raise TraceError(path, line, f"buffer {excerpt(bid)} has size {size}; sizes must "
+                                         "be positive (drop buffers of size 0: they take no "
                                          "memory)")
         if lower >= upper:
-            raise TraceError(path, line, f"buffer {bid!r} has an empty lifetime: lower "
+            raise TraceError(path, line, f"buffer {excerpt(bid)} has an empty lifetime: lower "
                                          f"{lower} >= upper {upper} (lifetimes are [lower, "
                                          "upper))")
         if bid in first_line:
-            raise TraceError(path, line, f"duplicate buffer id {bid!r} (first on line "
+            raise TraceError(path, line, f"duplicate buffer id {excerpt(bid)} (first on line "
                                          f"{first_line[bid]})")
         first_line[bid] = line
         buffers.append(Buffer(bid, lower, upper, size, offset))
     return Problem(tuple(buffers))
+
+
+def _int(cell: str, column: str, path: object, line: int) -> int:
+    """A cell holding an integer within int64."""
+    if cell.isascii() and cell.lstrip("+-").isdigit() and len(cell) <= 20:
+        n = int(cell)
+        if abs(n) <= INT64_MAX:
+            return n
+    raise TraceError(path, line, f"column {column!r} is not an integer within int64: "
+                                 f"{excerpt(cell)}")
 
 
 def write_csv(path: str | Path, problem: Problem) -> None:

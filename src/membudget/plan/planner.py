@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from membudget.plan.graph import LEAF, Graph, from_trace
 from membudget.plan.order import OrderResult, optimize_order
 from membudget.plan.pack import PackResult, pack
-from membudget.plan.problem import Buffer, Problem
+from membudget.plan.problem import Buffer, PlanError, Problem
 from membudget.plan.validate import validate_plan
 from membudget.trace.format import Trace
 
@@ -94,6 +94,9 @@ def plan_trace(trace: Trace, time_limit: float = 30.0, solver: str | None = None
     tell = progress or (lambda stage: None)
     graph = from_trace(trace)
     recorded = graph.recorded_peak()
+    if recorded == 0:
+        raise PlanError(f"{trace.path}: nothing to plan: the step holds no memory (no calls "
+                        "and no puts of any bytes)")
     tell("order")
     kwargs = {} if solver is None else {"solver": solver}
     order = optimize_order(graph, time_limit=time_limit * ORDER_SHARE, **kwargs)

@@ -4,17 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from membudget.errors import TraceError
+from membudget.inputs import ZIP_SEP, split_source, zip_members
 from membudget.trace.dtr_log import is_dtr_log, read_dtr_log
-from membudget.trace.format import (
-    ZIP_SEP,
-    Trace,
-    first_record,
-    read_trace,
-    split_source,
-    write_trace,
-    zip_members,
-)
+from membudget.trace.format import Trace, first_record, read_trace, write_trace
 
 
 def load_trace(path: str | Path) -> Trace:
@@ -32,8 +24,6 @@ def expand_sources(paths: list[str]) -> list[str]:
     for p in paths:
         archive, member = split_source(p)
         if member is None and archive.suffix == ".zip":
-            if not archive.is_file():
-                raise TraceError(archive, None, "no such file")
             names = [n for n in zip_members(archive)
                      if n.endswith((".log", ".jsonl", ".jsonl.gz"))]
             out += [f"{archive}{ZIP_SEP}{n}" for n in sorted(names)]

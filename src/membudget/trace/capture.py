@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_leaves
 
 from membudget import models
 from membudget.errors import MembudgetError, UnknownNameError
+from membudget.inputs import excerpt
 from membudget.runtime.call import OpTimer
 from membudget.runtime.session import Session
 from membudget.units import format_bytes
@@ -72,6 +73,11 @@ def capture_step(name: str, batch: int | None = None, *, fake: bool = False,
     batch = entry.batch if batch is None else batch
     if batch < 1:
         raise MembudgetError(f"a batch size must be >= 1, got {batch}")
+    if fake and device is not None:
+        raise MembudgetError("a fake capture allocates nothing on any device, so --device "
+                             "has no effect with --fake; price its ops with --device-spec")
+    if device is not None:
+        _check_device(device)
     if fake and spec is None:
         spec = FAKE_SPEC
     if not fake and check_fits:
@@ -84,7 +90,7 @@ def capture_step(name: str, batch: int | None = None, *, fake: bool = False,
     tell = progress or (lambda phase, session: None)
     t0 = time.perf_counter()
     torch.manual_seed(0)
-    with _building(fake, device):
+    with _building(fake, device), _sizes_fit(name, batch):
         tell("build", None)
         workload = entry.build(batch)
         model = workload.model.train()
@@ -205,6 +211,33 @@ def _building(fake: bool, device: str | torch.device | None) -> Iterator[None]:
             yield
     else:
         yield
+
+
+def _check_device(device: str | torch.device) -> None:
+    """Refuse a device torch cannot name or cannot allocate on here, before any work."""
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise MembudgetError(f"cannot capture on device {excerpt(str(device))}: "
+                             f"{excerpt(first, 200)}; give a device this machine has, such "
+                             "as cpu or cuda:0") from None
+    if torch.device(device).type == "meta":
+        raise MembudgetError("a live capture runs the step, and meta tensors hold no values; "
+                             "use --fake to capture without allocating")
+
+
+@contextlib.contextmanager
+def _sizes_fit(name: str, batch: int) -> Iterator[None]:
+    """Say plainly when a batch is so large that torch's element counts overflow int64."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "overflow" not in str(e):
+            raise
+        raise MembudgetError(f"{name} at batch {batch:,} has tensors of more elements than "
+                             f"int64 counts ({excerpt(str(e), 80)}); give a smaller "
+                             "--batch") from None
 
 
 def _check_fits(name: str, batch: int, device: str | torch.device | None,

@@ -15,6 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from membudget.errors import TraceError
+from membudget.inputs import (
+    CORRUPT,
+    INT64_MAX,
+    check_utf8,
+    excerpt,
+    open_text,
+    resolve_member,
+    split_source,
+)
 from membudget.trace.format import (
     CALL,
     COPY,
@@ -24,9 +33,8 @@ from membudget.trace.format import (
     RELEASE,
     Event,
     Trace,
-    _open_text,
-    resolve_member,
-    split_source,
+    checked,
+    json_error,
 )
 
 _INSTRUCTIONS = {"CONSTANT", "MEMORY", "CALL", "MUTATE", "COPY", "COPY_FROM", "RELEASE",
@@ -43,41 +51,57 @@ class _Lines:
 
     def __init__(self, path: str | Path) -> None:
         self.path = path
-        self.f = _open_text(path, "r")
+        self.f = open_text(path)
         self.line = 0
 
     def next(self) -> tuple[int, dict[str, Any]] | None:
-        for raw in self.f:
-            self.line += 1
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as e:
-                raise TraceError(self.path, self.line, f"malformed JSON ({e.msg})") from None
-            if not isinstance(obj, dict) or obj.get("INSTRUCTION") not in _INSTRUCTIONS:
-                raise TraceError(self.path, self.line,
-                                 f"not a DTR log record: {raw.strip()[:80]!r}")
-            return self.line, obj
+        try:
+            for raw in self.f:
+                self.line += 1
+                if not raw.strip():
+                    continue
+                check_utf8(raw, self.path, self.line)
+                try:
+                    obj = json.loads(raw)
+                except (ValueError, RecursionError) as e:
+                    raise TraceError(self.path, self.line,
+                                     f"malformed JSON ({json_error(e)})") from None
+                if not isinstance(obj, dict) or obj.get("INSTRUCTION") not in _INSTRUCTIONS:
+                    raise TraceError(self.path, self.line,
+                                     f"not a DTR log record: {excerpt(raw.strip(), 80)}")
+                return self.line, obj
+        except CORRUPT as e:
+            raise TraceError(self.path, self.line + 1, f"truncated or corrupt file: {e}") from None
         return None
 
     def expect(self, instruction: str, name: str) -> dict[str, Any]:
         rec = self.next()
         if rec is None:
             raise TraceError(self.path, self.line + 1,
-                             f"log ends where {instruction} for {name!r} was expected")
+                             f"log ends where {instruction} for {excerpt(name)} was "
+                             "expected")
         line, obj = rec
         if obj["INSTRUCTION"] != instruction or obj.get("NAME") != name:
-            raise TraceError(self.path, line, f"expected {instruction} for {name!r}, got "
-                                              f"{obj['INSTRUCTION']} for {obj.get('NAME')!r}")
+            raise TraceError(self.path, line, f"expected {instruction} for {excerpt(name)}, "
+                                              f"got {obj['INSTRUCTION']} for "
+                                              f"{excerpt(obj.get('NAME'))}")
         return obj
 
 
-def _field(obj: dict, key: str, path: object, line: int) -> Any:
+def _field(obj: dict, key: str, path: object, line: int, kind: type = object) -> Any:
+    """``obj[key]``, which must be a ``kind``; else an error naming the record's line."""
     try:
-        return obj[key]
+        v = obj[key]
     except KeyError:
         raise TraceError(path, line, f"{obj['INSTRUCTION']} record lacks {key!r}") from None
+    if not isinstance(v, kind):
+        raise TraceError(path, line, f"{obj['INSTRUCTION']} record's {key!r} must be a "
+                                     f"{kind.__name__}, got {excerpt(v)}")
+    return v
+
+
+def _name(obj: dict, path: object, line: int) -> str:
+    return _field(obj, "NAME", path, line, str)
 
 
 def iter_dtr_log(path: str | Path) -> Iterator[Event]:
@@ -88,9 +112,10 @@ def iter_dtr_log(path: str | Path) -> Iterator[Event]:
 
     def tid(name: object, line: int, new: bool = False) -> int:
         if not isinstance(name, str):
-            raise TraceError(path, line, f"tensor name must be a string, got {name!r}")
+            raise TraceError(path, line, f"tensor name must be a string, got {excerpt(name)}")
         if not new and name not in known:
-            raise TraceError(path, line, f"tensor {name!r} is used before it is defined")
+            raise TraceError(path, line, f"tensor {excerpt(name)} is used before it is "
+                                         "defined")
         known.add(name)
         i = ids.get(name)
         if i is None:
@@ -98,13 +123,14 @@ def iter_dtr_log(path: str | Path) -> Iterator[Event]:
         return i
 
     def number(value: object, what: str, line: int) -> int:
-        try:
-            n = int(value)  # the logs store sizes and times as strings of digits
-        except (TypeError, ValueError):
-            raise TraceError(path, line, f"{what} must be an integer, got {value!r}") from None
-        if n < 0:
-            raise TraceError(path, line, f"{what} must be >= 0, got {n}")
-        return n
+        # the logs store sizes and times as strings of digits
+        if type(value) is int or (isinstance(value, str) and value.isascii()
+                                  and value.isdigit() and len(value) <= 19):
+            n = int(value)
+            if 0 <= n <= INT64_MAX:
+                return n
+        raise TraceError(path, line, f"{what} must be an integer >= 0 within int64, got "
+                                     f"{excerpt(value)}")
 
     with lines.f:
         while True:  # skip everything up to and including ANNOTATE START
@@ -118,29 +144,31 @@ def iter_dtr_log(path: str | Path) -> Iterator[Event]:
             line, o = rec
             ins = o["INSTRUCTION"]
             if ins == "CALL":
-                args = [tid(a, line) for a in _field(o, "ARGS", path, line)]
-                results = _field(o, "RESULT", path, line)
+                args = [tid(a, line) for a in _field(o, "ARGS", path, line, list)]
+                results = _field(o, "RESULT", path, line, list)
                 outs, nbytes, alias = [], [], []
                 for r in results:
                     mem = number(lines.expect("MEMORY", r)["MEMORY"], "MEMORY", lines.line)
                     a = _alias(lines.expect("ALIAS", r)["ALIAS"], path, lines.line)
                     if a >= len(args):
-                        raise TraceError(path, lines.line, f"ALIAS {a} of {r!r} is not an "
-                                                           f"argument index (< {len(args)})")
+                        raise TraceError(path, lines.line, f"ALIAS {a} of {excerpt(r)} is not "
+                                                           f"an argument index "
+                                                           f"(< {len(args)})")
                     outs.append(tid(r, line, new=True))
                     nbytes.append(0 if a >= 0 else mem)
                     alias.append(a)
                 cost = number(_field(o, "TIME", path, line), "TIME", line)
-                yield (CALL, line, o["NAME"], tuple(args), tuple(outs), tuple(nbytes),
-                       tuple(alias), float(cost), ())
+                yield (CALL, line, _name(o, path, line), tuple(args), tuple(outs),
+                       tuple(nbytes), tuple(alias), float(cost), ())
             elif ins == "MUTATE":
-                args = [tid(a, line) for a in _field(o, "ARGS", path, line)]
+                args = [tid(a, line) for a in _field(o, "ARGS", path, line, list)]
                 mut = tuple(number(m, "MUTATE index", line) for m in _field(o, "MUTATE", path,
-                                                                            line))
+                                                                            line, list))
                 if any(m >= len(args) for m in mut):
                     raise TraceError(path, line, f"MUTATE index out of range in {list(mut)}")
                 cost = number(_field(o, "TIME", path, line), "TIME", line)
-                yield (CALL, line, o["NAME"], tuple(args), (), (), (), float(cost), mut)
+                yield (CALL, line, _name(o, path, line), tuple(args), (), (), (), float(cost),
+                       mut)
             elif ins == "CONSTANT":
                 name = _field(o, "NAME", path, line)
                 mem = number(lines.expect("MEMORY", name)["MEMORY"], "MEMORY", lines.line)
@@ -152,7 +180,7 @@ def iter_dtr_log(path: str | Path) -> Iterator[Event]:
                 src = tid(_field(o, "SRC", path, line), line)
                 yield (COPY_FROM, line, src, tid(_field(o, "DST", path, line), line))
             elif ins == "RELEASE":
-                name = _field(o, "NAME", path, line)
+                name = _name(o, path, line)
                 if name in known:
                     yield (RELEASE, line, tid(name, line))
             elif ins == "ANNOTATE":
@@ -170,7 +198,7 @@ def read_dtr_log(path: str | Path) -> Trace:
     header = {"model": name.split("-")[0], "batch": _batch(name), "device": "cuda (Titan V)",
               "device_spec": "titan-v", "cost_unit": "ns", "cost_source": "measured (DTR log TIME)",
               "source": f"dtr-log:{name}"}
-    return Trace(header, list(iter_dtr_log(path)), str(path))
+    return Trace(header, list(checked(iter_dtr_log(path), path)), str(path))
 
 
 def _batch(name: str) -> int | None:
@@ -179,10 +207,9 @@ def _batch(name: str) -> int | None:
 
 
 def _alias(value: object, path: object, line: int) -> int:
-    try:
-        a = int(value)
-    except (TypeError, ValueError):
-        raise TraceError(path, line, f"ALIAS must be an integer, got {value!r}") from None
-    if a < -1:
-        raise TraceError(path, line, f"ALIAS must be -1 or an argument index, got {a}")
-    return a
+    """An ALIAS field: -1 (a result of its own) or the index of the argument it views."""
+    text = str(value) if type(value) is int or isinstance(value, str) else ""
+    if text.isascii() and text.lstrip("-").isdigit() and len(text) <= 19 and int(text) >= -1:
+        return int(text)
+    raise TraceError(path, line, f"ALIAS must be -1 or an argument index, got "
+                                 f"{excerpt(value)}")

@@ -10,14 +10,20 @@ import gzip
 import io
 import json
 import math
-import zipfile
-import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from membudget.errors import TraceError
+from membudget.inputs import (
+    CORRUPT,
+    INT64_MAX,
+    check_utf8,
+    excerpt,
+    open_text,
+    split_source,
+)
 from membudget.outputs import replacing
 
 FORMAT_KEY = "membudget_trace"
@@ -49,98 +55,12 @@ class Trace:
         return str(self.header.get("model") or Path(split_source(self.path)[1] or self.path).name)
 
 
-ZIP_SEP = "::"
-# What reading a truncated or corrupt gzip stream raises.
-_CORRUPT = (EOFError, OSError, zlib.error, UnicodeDecodeError)
-INT64_MAX = (1 << 63) - 1  # sizes and ids beyond it cannot be counted or replayed
-
-
-def _check_utf8(raw: str, path: object, line: int) -> None:
-    """A line read with ``surrogateescape`` holds lone surrogates where its bytes were not
-    UTF-8: name the line (an ASCII line, nearly every one, costs one check)."""
-    if not raw.isascii():
-        try:
-            raw.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise TraceError(path, line, f"not UTF-8 text (at character {e.start})") from None
-
-
-def _json_error(e: Exception) -> str:
-    """What ``json.loads`` objected to, in a few words."""
-    if isinstance(e, RecursionError):
-        return "nested too deeply"
-    return getattr(e, "msg", None) or _excerpt(str(e))
-
-
-def _excerpt(v: object, limit: int = 60) -> str:
-    """``repr(v)``, cut to ``limit`` characters: a message quotes a field, never all of it."""
-    r = repr(v)
-    return r if len(r) <= limit else f"{r[:limit]}... ({len(r):,} characters)"
-
-
-def split_source(path: str | Path) -> tuple[Path, str | None]:
-    """Split ``archive.zip::member`` into the archive and the member (None for a plain file)."""
-    text = str(path)
-    if ZIP_SEP in text:
-        archive, member = text.split(ZIP_SEP, 1)
-        return Path(archive), member
-    return Path(text), None
-
-
-def zip_members(archive: str | Path, suffix: str = "") -> list[str]:
-    """Names of the files in a zip archive that end with ``suffix``."""
-    with zipfile.ZipFile(archive) as z:
-        return [n for n in z.namelist() if not n.endswith("/") and n.endswith(suffix)]
-
-
-def resolve_member(archive: Path, member: str) -> str:
-    """The archive member called ``member``, or the one file whose base name starts with it."""
-    names = zip_members(archive)
-    if member in names:
-        return member
-    hits = [n for n in names if n.rsplit("/", 1)[-1].startswith(member)]
-    if len(hits) != 1:
-        raise TraceError(f"{archive}{ZIP_SEP}{member}", None,
-                         f"{'no' if not hits else 'several'} archive members match; members: "
-                         f"{', '.join(n.rsplit('/', 1)[-1] for n in names)}")
-    return hits[0]
-
-
-def _open_text(path: str | Path, mode: str, errors: str = "strict") -> IO[str]:
-    """Open a trace file for text: plain or gzip, or (to read) a member of a zip archive;
-    ``errors`` as for :func:`open` (the trace reader checks each line itself)."""
-    archive, member = split_source(path)
-    if member is not None:
-        if mode != "r":
-            raise ValueError("cannot write into a zip archive")
-        if not archive.is_file():
-            raise TraceError(archive, None, "no such file")
-        z = zipfile.ZipFile(archive)
-        raw = z.open(resolve_member(archive, member))
-        if raw.peek(2)[:2] == b"\x1f\x8b":
-            raw = gzip.GzipFile(fileobj=raw)
-        return io.TextIOWrapper(raw, encoding="utf-8", errors=errors)
-    if mode == "r":
-        if archive.is_dir():
-            raise TraceError(archive, None, "is a directory, not a trace file")
-        if not archive.is_file():
-            raise TraceError(archive, None, "no such file")
-        with open(archive, "rb") as f:
-            gz = f.read(2) == b"\x1f\x8b"
-        if gz:
-            return io.TextIOWrapper(gzip.open(archive, "rb"), encoding="utf-8", errors=errors)
-        return open(archive, encoding="utf-8", errors=errors)
-    if archive.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(archive, "wb"), encoding="utf-8")
-    return open(archive, "w", encoding="utf-8")
-
-
 def first_record(path: str | Path) -> dict[str, Any] | None:
     """The first JSON object of a file (plain or gzip), or None if it has none or is not JSON."""
-    with _open_text(path, "r", errors="surrogateescape") as f:  # (the reader names bad bytes)
+    with open_text(path) as f:  # (the reader names bad bytes)
         try:
             line = next((raw for raw in f if raw.strip()), None)
-        except _CORRUPT as e:
+        except CORRUPT as e:
             raise TraceError(path, 1, f"truncated or corrupt file: {e}") from None
     if line is None:
         return None
@@ -149,6 +69,13 @@ def first_record(path: str | Path) -> dict[str, Any] | None:
     except (ValueError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def json_error(e: Exception) -> str:
+    """What ``json.loads`` objected to, in a few words."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return getattr(e, "msg", None) or excerpt(str(e))
 
 
 # ---------------------------------------------------------------------------------- writing
@@ -182,12 +109,18 @@ def write_trace(path: str | Path, header: dict[str, Any], events: Iterable[Event
     return the number of events written."""
     head = {FORMAT_KEY: VERSION, **{k: v for k, v in header.items() if k != FORMAT_KEY}}
     n = 0
-    with replacing(path) as tmp, _open_text(tmp, "w") as f:
+    with replacing(path) as tmp, _open_write(tmp, gz=Path(path).suffix == ".gz") as f:
         f.write(json.dumps(head) + "\n")
         for ev in events:
             f.write(json.dumps(event_to_json(ev), separators=(",", ":")) + "\n")
             n += 1
     return n
+
+
+def _open_write(path: Path, gz: bool) -> IO[str]:
+    if gz:
+        return io.TextIOWrapper(gzip.open(path, "wb"), encoding="utf-8")
+    return open(path, "w", encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------------- reading
@@ -197,7 +130,7 @@ def _ids(obj: dict, key: str, path: object, line: int, required: bool = True) ->
         return ()
     if not isinstance(v, list) or not all(type(x) is int and abs(x) <= INT64_MAX for x in v):
         raise TraceError(path, line, f"field {key!r} must be a list of integers within "
-                                     f"int64, got {_excerpt(v)}")
+                                     f"int64, got {excerpt(v)}")
     return tuple(v)
 
 
@@ -205,7 +138,7 @@ def _int(obj: dict, key: str, path: object, line: int) -> int:
     v = obj.get(key)
     if type(v) is not int or abs(v) > INT64_MAX:
         raise TraceError(path, line, f"field {key!r} must be an integer within int64, got "
-                                     f"{_excerpt(v)}")
+                                     f"{excerpt(v)}")
     return v
 
 
@@ -230,10 +163,10 @@ def parse_event(obj: Any, path: object, line: int) -> Event:
         if (not isinstance(cost, (int, float)) or isinstance(cost, bool)
                 or not 0 <= cost < math.inf):
             raise TraceError(path, line, f"field 'cost' must be a finite number >= 0, got "
-                                         f"{_excerpt(cost)}")
+                                         f"{excerpt(cost)}")
         op = obj.get("op")
         if not isinstance(op, str):
-            raise TraceError(path, line, f"field 'op' must be a string, got {_excerpt(op)}")
+            raise TraceError(path, line, f"field 'op' must be a string, got {excerpt(op)}")
         return (CALL, line, op, ins, outs, nbytes, alias, float(cost), mut)
     if kind in (RELEASE, GET):
         return (kind, line, _int(obj, "t", path, line))
@@ -241,7 +174,7 @@ def parse_event(obj: Any, path: object, line: int) -> Event:
         overwrite = obj.get("overwrite", False)
         if not isinstance(overwrite, bool):
             raise TraceError(path, line, f"field 'overwrite' must be true or false, got "
-                                         f"{_excerpt(overwrite)}")
+                                         f"{excerpt(overwrite)}")
         return (PIN, line, _int(obj, "t", path, line), overwrite)
     if kind in (COPY, COPY_FROM):
         return (kind, line, _int(obj, "src", path, line), _int(obj, "t", path, line))
@@ -252,29 +185,72 @@ def parse_event(obj: Any, path: object, line: int) -> Event:
         return (PUT, line, _int(obj, "t", path, line), nbytes, str(obj.get("kind", "leaf")))
     if kind == PHASE:
         return (PHASE, line, str(obj.get("name", "")))
-    raise TraceError(path, line, f"unknown event {_excerpt(kind)}; expected one of "
+    raise TraceError(path, line, f"unknown event {excerpt(kind)}; expected one of "
                                  f"{[PUT, CALL, COPY, COPY_FROM, RELEASE, GET, PIN, PHASE]}")
+
+
+def checked(events: Iterable[Event], path: object) -> Iterator[Event]:
+    """``events``, checked to use and bind ids as every consumer reads them: an id used must
+    be live, and an event may bind only an id that is not (``copy_from`` alone rebinds one,
+    releasing its old value). A rebound live id would leave its old value held in a replay
+    but dropped in a plan's graph, so such a trace is refused with its line."""
+    live: dict[int, int] = {}  # id -> the line that bound it
+
+    def use(t: int, line: int) -> None:
+        if t not in live:
+            raise TraceError(path, line, f"tensor {t} is not live here (never defined, or "
+                                         "already released)")
+
+    def bind(t: int, line: int) -> None:
+        if t in live:
+            where = "on this line" if live[t] == line else f"on line {live[t]}"
+            raise TraceError(path, line, f"tensor {t} is bound again while live (bound "
+                                         f"{where}); release it first, or rebind it with "
+                                         "copy_from")
+        live[t] = line
+
+    for ev in events:
+        kind, line = ev[0], ev[1]
+        if kind == CALL:
+            for t in ev[3]:
+                use(t, line)
+            for t in ev[4]:
+                bind(t, line)
+        elif kind == PUT:
+            bind(ev[2], line)
+        elif kind == COPY:
+            use(ev[2], line)
+            bind(ev[3], line)
+        elif kind == COPY_FROM:
+            use(ev[2], line)
+            live[ev[3]] = line
+        elif kind == RELEASE:
+            use(ev[2], line)
+            del live[ev[2]]
+        elif kind in (GET, PIN):
+            use(ev[2], line)
+        yield ev
 
 
 def iter_trace(path: str | Path) -> tuple[dict[str, Any], Iterator[Event]]:
     """Open a v1 trace for streaming: its header, and an iterator over its events."""
-    f = _open_text(path, "r", errors="surrogateescape")  # bad bytes: named with their line
+    f = open_text(path)  # bad bytes: named with their line
     line_no = 0
     try:
         try:
             for raw in f:
                 line_no += 1
                 if raw.strip():
-                    _check_utf8(raw, path, line_no)
+                    check_utf8(raw, path, line_no)
                     break
             else:
                 raise TraceError(path, None, "empty file: no trace header")
-        except _CORRUPT as e:
+        except CORRUPT as e:
             raise TraceError(path, line_no + 1, f"truncated or corrupt file: {e}") from None
         try:
             header = json.loads(raw)
         except (ValueError, RecursionError) as e:  # (too deep, or a 5,000-digit number)
-            raise TraceError(path, line_no, f"header is not JSON: {_json_error(e)}") from None
+            raise TraceError(path, line_no, f"header is not JSON: {json_error(e)}") from None
         if not isinstance(header, dict) or header.get(FORMAT_KEY) != VERSION:
             raise TraceError(path, line_no, f"not a membudget trace v{VERSION} header "
                                             f"(expected {{\"{FORMAT_KEY}\": {VERSION}, ...}})")
@@ -290,17 +266,17 @@ def iter_trace(path: str | Path) -> tuple[dict[str, Any], Iterator[Event]]:
                     line += 1
                     if not raw.strip():
                         continue
-                    _check_utf8(raw, path, line)
+                    check_utf8(raw, path, line)
                     try:
                         obj = json.loads(raw)
                     except (ValueError, RecursionError) as e:
                         raise TraceError(path, line,
-                                         f"malformed JSON ({_json_error(e)})") from None
+                                         f"malformed JSON ({json_error(e)})") from None
                     yield parse_event(obj, path, line)
-            except _CORRUPT as e:
+            except CORRUPT as e:
                 raise TraceError(path, line + 1, f"truncated or corrupt file: {e}") from None
 
-    return header, events()
+    return header, checked(events(), path)
 
 
 def read_trace(path: str | Path) -> Trace:

@@ -1,0 +1,259 @@
+"""Bad input files: every reader (trace, DTR log, MiniMalloc CSV) takes any bytes and either
+loads them or raises membudget's own error naming the file (and line); through the real
+commands, each bad file costs one line on stderr, exit status 2, and nothing on disk."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from membudget.errors import MembudgetError, TraceError
+from membudget.inputs import MAX_INPUT_ENV
+from membudget.plan.minimalloc_csv import read_csv
+from membudget.sim import simulate
+from membudget.trace import load_trace
+
+HEADER = b'{"membudget_trace": 1, "model": "fuzz"}\n'
+FUZZ = settings(max_examples=150, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                       HealthCheck.too_slow])
+
+# JSON values of every kind, with the numbers a writer must never accept (NaN, inf, 10^30)
+# and the shapes the readers expect (ids, lists of ids)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 6) | st.integers() | st.floats()
+    | st.sampled_from([10**30, -(10**30), "12", "-1", "nan", "[/x]"]) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=3),
+    max_leaves=8)
+ids = st.integers(0, 5)  # 0-2 are put first; others are bound (or not) by the events
+new = st.integers(3, 7)
+well_formed = st.one_of(  # events a replay can run, when their ids happen to be live
+    st.builds(lambda t, b: {"ev": "put", "t": t, "bytes": b}, new, st.integers(0, 64)),
+    st.builds(lambda i, o, b, c, m: {"ev": "call", "op": "f", "in": i, "out": o,
+                                     "bytes": [b] * len(o), "cost": c,
+                                     **({"mut": m} if m and i else {})},
+              st.lists(ids, max_size=3), st.lists(new, max_size=2), st.integers(0, 64),
+              st.floats(0, 1e3), st.lists(st.just(0), max_size=1)),
+    st.builds(lambda k, t: {"ev": k, "t": t}, st.sampled_from(["release", "get", "pin"]), ids),
+    st.builds(lambda k, s, t: {"ev": k, "src": s, "t": t},
+              st.sampled_from(["copy", "copy_from"]), ids, new),
+    st.just({"ev": "phase", "name": "backward"}))
+fields = st.sampled_from(["ev", "t", "src", "in", "out", "bytes", "alias", "mut", "cost", "op",
+                          "kind", "overwrite", "name"])
+# mostly well formed, one field in four replaced by any JSON value
+trace_events = well_formed | st.builds(lambda e, bad: {**e, **bad}, well_formed,
+                                       st.dictionaries(fields, json_values, min_size=1,
+                                                       max_size=1))
+dtr_records = st.fixed_dictionaries(
+    {"INSTRUCTION": st.sampled_from(["CONSTANT", "MEMORY", "CALL", "MUTATE", "COPY",
+                                     "COPY_FROM", "RELEASE", "ANNOTATE", "ALIAS"])},
+    optional={"NAME": st.sampled_from(["a", "b", "c"]) | json_values,
+              "ARGS": st.lists(st.sampled_from(["a", "b", "c"]), max_size=3) | json_values,
+              "RESULT": st.lists(st.sampled_from(["a", "b", "c"]), max_size=2) | json_values,
+              "MEMORY": st.sampled_from(["0", "64", "-5", "1e400", "9" * 30]) | json_values,
+              "ALIAS": st.sampled_from(["-1", "0", "1", "-2"]) | json_values,
+              "TIME": st.sampled_from(["10", "x"]) | json_values,
+              "MUTATE": st.lists(st.integers(-1, 3) | st.just("0"), max_size=2) | json_values,
+              "SRC": st.sampled_from(["a", "b"]), "DST": st.sampled_from(["a", "b", "c"]),
+              "ANNOTATION": st.sampled_from(["START", "BACKWARD"])})
+
+
+def lines(objs: list) -> bytes:
+    return b"".join(json.dumps(o).encode() + b"\n" for o in objs)
+
+
+def loads_or_refuses(path: Path) -> None:
+    """Load ``path`` as a trace and, if it loads, replay it without a budget: both either
+    work or raise membudget's own error."""
+    try:
+        trace = load_trace(path)
+    except MembudgetError as e:
+        assert str(path) in str(e) and len(str(e)) < 600
+        return
+    for budget in ({"budget": 2**62}, {"ratio": 0.5}):
+        with contextlib.suppress(MembudgetError):
+            simulate(trace, "dtr", **budget)
+
+
+@FUZZ
+@given(data=st.binary(max_size=300) | st.builds(lambda b: HEADER + b, st.binary(max_size=300)))
+def test_trace_reader_takes_any_bytes(tmp_path, data):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(data)
+    loads_or_refuses(path)
+    gz = tmp_path / "t.jsonl.gz"
+    gz.write_bytes(gzip.compress(data)[: max(2, len(data) // 2)])  # truncated gzip
+    loads_or_refuses(gz)
+
+
+@FUZZ
+@given(events=st.lists(trace_events, max_size=16))
+def test_trace_reader_takes_any_events(tmp_path, events):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(HEADER + lines([{"ev": "put", "t": t, "bytes": 8} for t in range(3)])
+                     + lines(events))
+    loads_or_refuses(path)
+
+
+@FUZZ
+@given(records=st.lists(dtr_records, max_size=12), junk=st.binary(max_size=20))
+def test_dtr_log_reader_takes_any_records(tmp_path, records, junk):
+    path = tmp_path / "m-1.log"
+    start = {"INSTRUCTION": "ANNOTATE", "ANNOTATION": "START"}
+    path.write_bytes(lines([start, *records]) + junk)
+    loads_or_refuses(path)
+
+
+@FUZZ
+@given(data=st.binary(max_size=300) | st.builds(
+    lambda rows: b"id,lower,upper,size\n" + "\n".join(rows).encode("utf-8", "surrogatepass"),
+    st.lists(st.lists(st.sampled_from(["0", "1", "4", "-3", "x", "9" * 25, "", '"', "\x00",
+                                       "\ud800", "a b"]), max_size=5).map(",".join),
+             max_size=6)))
+def test_csv_reader_takes_any_bytes(tmp_path, data):
+    path = tmp_path / "p.csv"
+    path.write_bytes(data)
+    try:
+        problem = read_csv(path)
+    except TraceError as e:
+        assert str(path) in str(e) and len(str(e)) < 600
+        return
+    for b in problem.buffers:  # what loads is what the packers can take
+        assert 0 <= b.size <= 2**63 - 1 and b.lower < b.upper
+
+
+def test_a_live_id_bound_again_is_refused_by_every_reader(tmp_path):
+    put = {"ev": "put", "t": 1, "bytes": 8}
+    for outs, line in (([1], 3), ([2, 2], 3)):  # its own input; twice in one call
+        path = tmp_path / "t.jsonl"
+        path.write_bytes(HEADER + lines([put, {"ev": "call", "op": "f", "in": [1],
+                                               "out": outs, "bytes": [8] * len(outs),
+                                               "cost": 1}]))
+        with pytest.raises(TraceError, match="bound again while live") as ei:
+            load_trace(path)
+        assert ei.value.line == line
+    log = tmp_path / "m-1.log"  # a DTR log whose CALL result is a live name
+    log.write_bytes(lines([
+        {"INSTRUCTION": "ANNOTATE", "ANNOTATION": "START"},
+        {"INSTRUCTION": "CONSTANT", "NAME": "a"}, {"INSTRUCTION": "MEMORY", "NAME": "a",
+                                                   "MEMORY": "8"},
+        {"INSTRUCTION": "CALL", "NAME": "f", "ARGS": ["a"], "RESULT": ["a"], "TIME": "1"},
+        {"INSTRUCTION": "MEMORY", "NAME": "a", "MEMORY": "8"},
+        {"INSTRUCTION": "ALIAS", "NAME": "a", "ALIAS": "-1"}]))
+    with pytest.raises(TraceError, match="bound again while live"):
+        load_trace(log)
+
+
+def test_the_decompressed_size_limit_is_refused_early(tmp_path, monkeypatch):
+    archive = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z, \
+            z.open("blank.jsonl", "w") as f:
+        f.write(HEADER + b"\n" * (3 << 20))
+    assert archive.stat().st_size < 10_000
+    monkeypatch.setenv(MAX_INPUT_ENV, "1 MiB")
+    with pytest.raises(TraceError, match=f"more than 1.00 MiB.*{MAX_INPUT_ENV}"):
+        load_trace(f"{archive}::blank")
+    monkeypatch.setenv(MAX_INPUT_ENV, "4 MiB")
+    assert load_trace(f"{archive}::blank").events == []
+
+
+# ------------------------------------------------------------------- through the commands
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "membudget.cli", *args], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, **(env or {})})
+
+
+def dtr_log(*records: dict) -> bytes:
+    return lines([{"INSTRUCTION": "ANNOTATE", "ANNOTATION": "START"}, *records])
+
+
+CONSTANT = ({"INSTRUCTION": "CONSTANT", "NAME": "w"},
+            {"INSTRUCTION": "MEMORY", "NAME": "w", "MEMORY": "64"})
+PUT = {"ev": "put", "t": 1, "bytes": 8}
+FILES: dict[str, bytes] = {
+    "rebind.jsonl": HEADER + lines([PUT, {"ev": "call", "op": "f", "in": [1], "out": [1],
+                                          "bytes": [8], "cost": 1}]),
+    "twice.jsonl": HEADER + lines([PUT, {"ev": "call", "op": "f", "in": [1], "out": [2, 2],
+                                         "bytes": [8, 8], "cost": 1}]),
+    "header-only.jsonl": HEADER,
+    "truncated.jsonl.gz": gzip.compress(HEADER + lines([PUT] * 200))[:60],
+    "not-a-zip.zip": b"PK\x03\x04 this is not an archive",
+    "name.log": dtr_log(*CONSTANT, {"INSTRUCTION": "COPY", "SRC": "x" * (1 << 20),
+                                    "DST": "y"}),
+    "bad-utf8.log": dtr_log(*CONSTANT) + b'{"INSTRUCTION": "RELEASE", "NAME": "\xff"}\n',
+    "time-inf.log": dtr_log(*CONSTANT, {"INSTRUCTION": "MUTATE", "NAME": "f", "ARGS": ["w"],
+                                        "MUTATE": [0], "TIME": 1e400}),
+    "nested.log": dtr_log(*CONSTANT) + b"[" * 100_000 + b"\n",
+    "markup.jsonl": HEADER + lines([{"ev": "[/x]"}]),
+    "bad-utf8.csv": b"id,lower,upper,size\n0,0,4,8\n1,0,4,\xff\n",
+    "huge.csv": b"id,lower,upper,size\n0,0,4," + b"9" * 30 + b"\n",
+    "field.csv": b"id,lower,upper,size\n" + b"x" * 200_000 + b",0,4,8\n",
+    "nul.csv": b"id,lower,upper,size\n0,0,4,8\x00\n",
+    "bom-only.csv": b"\xef\xbb\xbf",
+}
+CASES = [  # (command, what the one line must say)
+    (["simulate", "{rebind.jsonl}", "--ratio", "1"], "rebind.jsonl:3: tensor 1 is bound again"),
+    (["plan", "{rebind.jsonl}", "--time-limit", "1"], "rebind.jsonl:3: tensor 1 is bound again"),
+    (["simulate", "{twice.jsonl}", "--ratio", "1"], "twice.jsonl:3: tensor 2 is bound again"),
+    (["plan", "{header-only.jsonl}", "--time-limit", "1"], "nothing to plan"),
+    (["simulate", "{truncated.jsonl.gz}", "--ratio", "1"], "truncated or corrupt"),
+    (["simulate", "{not-a-zip.zip}::t", "--ratio", "1"], "not a zip archive"),
+    (["sweep", "{not-a-zip.zip}", "--ratios", "1"], "not a zip archive"),
+    (["import", "dtr-log", "{name.log}", "-o", "{out}"], "characters)"),
+    (["import", "dtr-log", "{bad-utf8.log}", "-o", "{out}"], "bad-utf8.log:4: not UTF-8"),
+    (["import", "dtr-log", "{time-inf.log}", "-o", "{out}"], "time-inf.log:4: TIME must be"),
+    (["import", "dtr-log", "{nested.log}", "-o", "{out}"], "nested too deeply"),
+    (["simulate", "{markup.jsonl}", "--ratio", "1"], "unknown event '[/x]'"),
+    (["pack", "{bad-utf8.csv}", "-o", "{out}"], "bad-utf8.csv:3: not UTF-8"),
+    (["pack", "{huge.csv}", "-o", "{out}"], "huge.csv:2: column 'size' is not an integer"),
+    (["pack", "{field.csv}", "-o", "{out}"], "field.csv:2: malformed CSV"),
+    (["pack", "{nul.csv}", "-o", "{out}"], "nul.csv:2: column 'size' is not an"),
+    (["pack", "{bom-only.csv}", "-o", "{out}"], "empty file"),
+    (["trace", "unet", "-o", "{out}", "--device", "nope"], "cannot capture on device 'nope'"),
+    (["trace", "unet", "-o", "{out}", "--fake", "--device", "cpu"], "no effect with --fake"),
+    (["trace", "unet", "-o", "{out}", "--device", "meta"], "use --fake"),
+    (["trace", "unet", "-o", "{out}", "--fake", "--batch", str(10**18)], "smaller --batch"),
+    (["trace", "unet", "-o", "{out}", "--fake", "--device-spec", "nope"], "unknown device spec"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("bad")
+    for name, data in FILES.items():
+        (folder / name).write_bytes(data)
+    return folder
+
+
+@pytest.mark.parametrize(("command", "words"), CASES, ids=[" ".join(c[:2]) for c, _ in CASES])
+def test_each_bad_file_gets_one_line_and_changes_nothing(bad_files, tmp_path, command,
+                                                         words):
+    out = tmp_path / "out" / "result"
+    args = [a.replace("{out}", str(out)) for a in command]
+    for name in FILES:
+        args = [a.replace("{" + name + "}", str(bad_files / name)) for a in args]
+    result = cli(*args)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, (args, result.stderr[-2000:])
+    assert words in lines[0] and len(lines[0]) < 700, lines[0]
+    assert not out.exists() and not list(tmp_path.glob("out/.*"))
+    for name, data in FILES.items():  # no input changed
+        assert (bad_files / name).read_bytes() == data
+
+
+def test_a_bad_size_limit_is_named(bad_files):
+    result = cli("simulate", str(bad_files / "header-only.jsonl"), "--ratio", "1",
+                 env={MAX_INPUT_ENV: "lots"})
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and MAX_INPUT_ENV in lines[0], lines
