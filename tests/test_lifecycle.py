@@ -267,6 +267,40 @@ def test_a_failure_in_the_optimizer_step_leaves_plain_state_and_eager_training_g
     assert all(torch.isfinite(x) for x in losses)
 
 
+def test_optimizer_state_made_in_a_failed_first_step_comes_back_with_its_eager_values():
+    """A fresh optimizer makes its state (``zeros_like``, cheap to evict) inside a session
+    that then fails in the update: every state tensor comes back, recomputed if it was
+    evicted, holding what eager AdamW had made of it by then (its zeros, or the first
+    moment updates), bitwise; training then goes on eagerly."""
+    model, loss_fn = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    params = sum(p.numel() * 4 for p in model.parameters())
+    reached = ""
+    # (at 4 × the parameters it fails in the update of the third parameter)
+    with pytest.raises(BudgetTooSmallError), membudget.budget(int(params * 4.0)) as session:
+        loss = loss_fn(model)
+        loss.backward()
+        reached = "optimizer"
+        opt.step()
+    assert reached == "optimizer" and session.stats.evictions > 0
+    ref, ref_loss_fn = _mlp()
+    ref_loss_fn(ref).backward()
+    b1, b2 = opt.defaults["betas"]
+    made = {"exp_avg": 0, "exp_avg_sq": 0}
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        st, g = opt.state[p], q.grad
+        assert all(type(v) is torch.Tensor for v in st.values())
+        zero = torch.zeros_like(g)
+        first = {"exp_avg": zero.clone().lerp_(g, 1 - b1),
+                 "exp_avg_sq": zero.clone().mul_(b2).addcmul_(g, g, value=1 - b2)}
+        for k in made:
+            made[k] += int(not torch.equal(st[k], zero))
+            assert torch.equal(st[k], zero) or torch.equal(st[k], first[k]), k
+    assert 0 < made["exp_avg"] < len(opt.state)  # the step failed midway
+    losses = [_eager_step(model, loss_fn, opt) for _ in range(3)]
+    assert all(torch.isfinite(x) for x in losses)
+
+
 def test_sessions_do_not_nest_and_the_outer_one_goes_on():
     x = torch.arange(4.0)
     inner = membudget.budget("1 MiB")

@@ -13,10 +13,12 @@ cannot be swapped safely: it keeps its value instead, and ops on it run on that 
 The values are materialized within the budget, those already resident first, and each is
 pinned as it is handed out (the program holds it: the engine must count it, not evict it).
 Only if the budget cannot hold all of them at once is it raised, to what the next one needs
-(``SessionStats.beyond_budget_bytes``). After an error, only the values still in memory
-are handed back (parameters' gradients and optimizer state always are: they are pinned);
-nothing is recomputed, since the failed step cannot go on and the memory its recomputation
-would take may not exist, so an evicted value is dropped and reading it raises a clear error.
+(``SessionStats.beyond_budget_bytes``). After an error, the values still in memory are
+handed back, and so is the state of every optimizer that stepped in the session, recomputed
+if it was evicted (state made by ``zeros_like`` and not yet written is cheap to evict): the
+program keeps it across steps. Nothing else is recomputed, since the failed step cannot go
+on and the memory its recomputation would take may not exist, so any other evicted value is
+dropped and reading it raises a clear error.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from membudget.core.records import Tensor
 from membudget.errors import BudgetTooSmallError, MembudgetError
@@ -49,8 +52,10 @@ def hand_out(session: Session, failed: bool) -> None:
     """Give the program's tensors their values and make them plain (see the module)."""
     refs = session.refs
     alive = refs.wrappers()
-    # after an error, only what is still in memory: nothing is recomputed
-    wanted = [(h, w) for h, w in alive if h.defined or not failed]
+    # after an error, what is still in memory, and the optimizers' state
+    state = {id(t) for opt in session.optimizers for t in tree_leaves(list(opt.state.values()))
+             if type(t) is RematTensor} if failed else set()
+    wanted = [(h, w) for h, w in alive if h.defined or not failed or id(w) in state]
     wanted.sort(key=lambda hw: not hw[0].defined)  # the resident ones cost no recomputation
     for h, w in wanted:
         try:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import (
     TorchDispatchMode,
     _get_current_dispatch_mode_stack,
@@ -99,6 +100,9 @@ class Session(TorchDispatchMode, ContextDecorator):
         self.stats = SessionStats(self.budget_bytes)
         self.thread: int | None = None  # the thread it is active in
         self.warned_thread = False
+        # the optimizers that stepped in it: their state outlives a failed step
+        self.optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._optimizer_hook: Any = None
 
     # ------------------------------------------------------------------ lifetime
     def __enter__(self) -> Session:
@@ -129,6 +133,8 @@ class Session(TorchDispatchMode, ContextDecorator):
         self.leaves = Leaves(self)
         self._device = DeviceMeter()
         self.thread, self.warned_thread = threading.get_ident(), False
+        self.optimizers = weakref.WeakSet()
+        self._optimizer_hook = register_optimizer_step_pre_hook(self._stepping)
         ddp.install(Session)
         # The engine's records live as long as a value may need them and are freed by
         # reference counting (the engine cuts their cycles as it frees them), so the cyclic
@@ -154,6 +160,11 @@ class Session(TorchDispatchMode, ContextDecorator):
                 self._end_planned_step(not completed)
         if exc_type is None and isinstance(self.record, (str, Path)):
             self.trace(self.record)
+
+    def _stepping(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """Note an optimizer stepping in this session's thread (a global pre-step hook)."""
+        if threading.get_ident() == self.thread:
+            self.optimizers.add(optimizer)
 
     def _end_planned_step(self, failed: bool) -> None:
         """Hand the step to the session's planning, and its plan figures to the stats."""
@@ -190,6 +201,7 @@ class Session(TorchDispatchMode, ContextDecorator):
         self.stats = SessionStats.of(self.budget_bytes, eng, ex.run_ns, ex.remat_ns, ex.unsized,
                                      self._device.peak(), ex.swap_ns)
         self.leaves.close()
+        self._optimizer_hook.remove()
         self.engine = None
         self.executor.values.clear()  # the data goes now, not when a GC pass finds the engine
         self.executor = TorchExecutor()
