@@ -73,9 +73,10 @@ def resolve_member(archive: Path, member: str) -> str:
         return member
     hits = [n for n in names if n.rsplit("/", 1)[-1].startswith(member)]
     if len(hits) != 1:
-        raise TraceError(f"{archive}{ZIP_SEP}{excerpt(member)}", None,
-                         f"{'no' if not hits else 'several'} archive members match; members: "
-                         f"{excerpt(', '.join(n.rsplit('/', 1)[-1] for n in names), 400)}")
+        listed = ", ".join(n.rsplit("/", 1)[-1] for n in names)
+        raise TraceError(archive, None, f"{'no' if not hits else 'several'} members match "
+                                        f"{excerpt(member)}; members: "
+                                        f"{excerpt(listed, 400) if names else 'none'}")
     return hits[0]
 
 

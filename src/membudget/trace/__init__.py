@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from membudget.errors import TraceError
 from membudget.inputs import ZIP_SEP, split_source, zip_members
 from membudget.trace.dtr_log import is_dtr_log, read_dtr_log
 from membudget.trace.format import Trace, first_record, read_trace, write_trace
@@ -26,6 +27,9 @@ def expand_sources(paths: list[str]) -> list[str]:
         if member is None and archive.suffix == ".zip":
             names = [n for n in zip_members(archive)
                      if n.endswith((".log", ".jsonl", ".jsonl.gz"))]
+            if not names:
+                raise TraceError(archive, None, "holds no trace (no .log, .jsonl or "
+                                                ".jsonl.gz member)")
             out += [f"{archive}{ZIP_SEP}{n}" for n in sorted(names)]
         else:
             out.append(p)
