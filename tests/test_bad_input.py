@@ -201,6 +201,9 @@ FILES: dict[str, bytes] = {
     "field.csv": b"id,lower,upper,size\n" + b"x" * 200_000 + b",0,4,8\n",
     "nul.csv": b"id,lower,upper,size\n0,0,4,8\x00\n",
     "bom-only.csv": b"\xef\xbb\xbf",
+    "good.jsonl": HEADER + lines([PUT, {"ev": "call", "op": "f", "in": [1], "out": [2],
+                                        "bytes": [8], "cost": 1}]),
+    "empty.zip": bytes.fromhex("504b0506") + bytes(18),  # an archive with no member
 }
 CASES = [  # (command, what the one line must say)
     (["simulate", "{rebind.jsonl}", "--ratio", "1"], "rebind.jsonl:3: tensor 1 is bound again"),
@@ -225,6 +228,11 @@ CASES = [  # (command, what the one line must say)
     (["trace", "unet", "-o", "{out}", "--device", "meta"], "use --fake"),
     (["trace", "unet", "-o", "{out}", "--fake", "--batch", str(10**18)], "smaller --batch"),
     (["trace", "unet", "-o", "{out}", "--fake", "--device-spec", "nope"], "unknown device spec"),
+    (["sweep", "{empty.zip}", "--ratios", "0.5"], "holds no trace"),
+    (["simulate", "{good.jsonl}", "--ratio", "abc"], "Invalid value for '--ratio'"),
+    (["sweep", "{good.jsonl}", "--ratios", "0.5", "--workers", "-3"], "'--workers'"),
+    (["simulate", "{good.jsonl}", "--nope"], "No such option: --nope"),
+    (["demo", "--policy", "nope"], "unknown policy 'nope'"),
 ]
 
 

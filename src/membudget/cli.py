@@ -274,7 +274,8 @@ def sweep(
         "0.9,0.7,0.5,0.4,0.3,0.2",
     semantics: Annotated[str, typer.Option(help="membudget or simrd.")] = "membudget",
     overhead_limit: Annotated[float, typer.Option(help="Thrash limit (× baseline cost).")] = 2.0,
-    workers: Annotated[int, typer.Option(help="Processes (default: all cores).")] = 0,
+    workers: Annotated[int, typer.Option(min=0, help="Processes (default: all "
+                                                     "cores).")] = 0,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG of overhead vs ratio.")] = None,
     min_budget: Annotated[bool, typer.Option("--min-budget", help="Also bisect each method's "
                                              "minimum and cutoff budget.")] = False,
@@ -598,8 +599,10 @@ def demo(
     policy: Annotated[str, typer.Option(help="Eviction policy.")] = "dtr",
 ) -> None:
     """Train a small GPT-2 under a budget beside an unconstrained run and compare them."""
+    from membudget.core.policies import make_policy
     from membudget.demo import demo_table, run_demo
 
+    make_policy(policy)  # an unknown one is refused before any work
     _positive(ratio, "--ratio")
     if steps < 1:
         raise MembudgetError(f"--steps must be at least 1, got {steps}")
@@ -618,14 +621,34 @@ def demo(
         raise typer.Exit(1)
 
 
+# typer's usage error (its own click's, in recent typer): the base of typer.BadParameter
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
 def main() -> None:
-    """Entry point: membudget errors become one clear line on stderr and exit status 2."""
+    """Entry point: a bad option or a membudget error becomes one clear line on stderr and
+    exit status 2; Ctrl-C outside a solve exits with 130."""
     try:
-        app()
+        code = app(standalone_mode=False)
+    except _UsageError as e:  # an option typer could not parse, or out of its range
+        message = e.format_message().strip()
+        if not message:  # no arguments: typer has printed the help
+            sys.exit(2)
+        ctx = getattr(e, "ctx", None)
+        _error(message + (f" (see {ctx.command_path} --help)" if ctx is not None else ""))
+    except typer.Abort:  # Ctrl-C
+        err.print("interrupted")
+        sys.exit(130)
     except MembudgetError as e:
-        err.print(f"[red]error:[/] {escape(str(e))}", markup=True, highlight=False,
-                  soft_wrap=True)  # one line
-        sys.exit(2)
+        _error(str(e))
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _error(message: str) -> None:
+    """Print ``message`` as one line (however long) and exit with status 2."""
+    err.print(f"[red]error:[/] {escape(' '.join(message.split()))}", markup=True,
+              highlight=False, soft_wrap=True)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,12 @@ class MembudgetError(Exception):
     """Base class of every error raised by membudget."""
 
 
+def excerpt(v: object, limit: int = 60) -> str:
+    """``repr(v)``, cut to ``limit`` characters: a message quotes a field, never all of it."""
+    r = repr(v)
+    return r if len(r) <= limit else f"{r[:limit]}... ({len(r):,} characters)"
+
+
 class StaleBuildWarning(UserWarning):
     """The compiled core is older than its sources (an editable install edited since it was
     built): the compiled code runs, not the sources."""
@@ -51,7 +57,7 @@ class OutOfBudget(MembudgetError, MemoryError):
                    "segment sizes); raise the budget (`membudget simulate --min-budget` finds "
                    "the least that works) or use a pool that keeps pinned blocks together "
                    "(two-sided)")
-        super().__init__(f"out of budget running {op!r}: {why}")
+        super().__init__(f"out of budget running {excerpt(op, 120)}: {why}")
 
 
 class Thrashed(MembudgetError):

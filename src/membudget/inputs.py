@@ -3,8 +3,8 @@
 ``open_text`` reads a plain file, a gzip file or a member of a zip archive (``A.zip::member``,
 itself plain or gzip) as UTF-8 text. Bad bytes are kept as lone surrogates so a reader can
 name the line they are on (``check_utf8``). Decompressed input beyond ``max_input_bytes()``
-is refused, so a small archive cannot make a reader run for minutes. ``excerpt`` quotes a
-field in an error, never all of it.
+is refused, so a small archive cannot make a reader run for minutes. Errors quote fields
+by ``membudget.errors.excerpt``, never whole.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import zlib
 from pathlib import Path
 from typing import IO
 
-from membudget.errors import MembudgetError, TraceError
+from membudget.errors import MembudgetError, TraceError, excerpt
 from membudget.units import format_bytes, parse_bytes
 
 ZIP_SEP = "::"
@@ -154,8 +154,3 @@ def check_utf8(raw: str, path: object, line: int) -> None:
         except UnicodeEncodeError as e:
             raise TraceError(path, line, f"not UTF-8 text (at character {e.start})") from None
 
-
-def excerpt(v: object, limit: int = 60) -> str:
-    """``repr(v)``, cut to ``limit`` characters: a message quotes a field, never all of it."""
-    r = repr(v)
-    return r if len(r) <= limit else f"{r[:limit]}... ({len(r):,} characters)"

@@ -10,6 +10,7 @@ or nothing, behind.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,8 +38,10 @@ def check_output(path: str | Path, inputs: Iterable[str | Path] = ()) -> Path:
     except OSError as e:
         raise MembudgetError(f"cannot create the folder {p.parent} for {p}: "
                              f"{e.strerror or e}") from None
-    if not os.access(p.parent, os.W_OK):
-        raise MembudgetError(f"cannot write in {p.parent}: permission denied")
+    try:  # a file made and removed: the one test of writing that every file system passes
+        tempfile.TemporaryFile(dir=p.parent).close()
+    except OSError as e:
+        raise MembudgetError(f"cannot write in {p.parent}: {e.strerror or e}") from None
     return p
 
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from membudget.errors import TraceError
-from membudget.inputs import CORRUPT, INT64_MAX, check_utf8, excerpt, open_text
+from membudget.errors import TraceError, excerpt
+from membudget.inputs import CORRUPT, INT64_MAX, check_utf8, open_text
 from membudget.outputs import replacing
 from membudget.plan.problem import Buffer, PlanError, Problem
 

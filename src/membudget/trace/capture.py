@@ -24,8 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves
 
 from membudget import models
-from membudget.errors import MembudgetError, UnknownNameError
-from membudget.inputs import excerpt
+from membudget.errors import MembudgetError, UnknownNameError, excerpt
 from membudget.runtime.call import OpTimer
 from membudget.runtime.session import Session
 from membudget.units import format_bytes

@@ -14,12 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from membudget.errors import TraceError
+from membudget.errors import TraceError, excerpt
 from membudget.inputs import (
     CORRUPT,
     INT64_MAX,
     check_utf8,
-    excerpt,
     open_text,
     resolve_member,
     split_source,

@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from membudget.errors import TraceError
+from membudget.errors import TraceError, excerpt
 from membudget.inputs import (
     CORRUPT,
     INT64_MAX,
     check_utf8,
-    excerpt,
     open_text,
     split_source,
 )
