@@ -208,7 +208,9 @@ def optimum(
       so the overhead is the simulator's: executed cost / baseline cost - 1.
 
     "optimal" when they meet; otherwise the gap is (overhead - bound) / overhead. Exit 1
-    when no schedule fits (with the least budget the bound admits)."""
+    when no schedule fits (with the least budget the bound admits). Ctrl-C stops the
+    solvers: the best found so far, labelled interrupted, exit 130."""
+    from membudget.plan.interrupt import EXIT_CODE
     from membudget.plan.optimum import BudgetInfeasible
     from membudget.plan.optimum import optimum as solve
     from membudget.trace import load_trace
@@ -223,17 +225,20 @@ def optimum(
         raise MembudgetError(str(e)) from None
     if plan_out is not None:
         check_output(plan_out, [trace])
-    tr = load_trace(trace)
     try:
-        with err.status(f"optimum of {tr.name}") as status:
+        tr = load_trace(trace)
+        with err.status(escape(f"optimum of {tr.name}")) as status:
             r = solve(tr, budget=nbytes, ratio=ratio, time_limit=time_limit,
-                      progress=lambda m: status.update(f"optimum of {tr.name}: {m}"))
+                      progress=lambda m: status.update(escape(f"optimum of {tr.name}: {m}")))
+    except KeyboardInterrupt:  # outside the solve, or a second Ctrl-C in it
+        err.print("interrupted before any valid result")
+        raise typer.Exit(EXIT_CODE) from None
     except BudgetInfeasible as e:
         if as_json:
             print(json.dumps({"status": "infeasible", "budget_bytes": e.budget,
                               "min_budget_bytes": e.minimum, "message": str(e)}))
         else:
-            err.print(f"[red]error:[/] {e}")
+            err.print(f"[red]error:[/] {escape(str(e))}", markup=True)
         raise typer.Exit(1) from None
     if plan_out is not None and r.plan is not None:
         r.plan.save(plan_out)
@@ -241,9 +246,11 @@ def optimum(
         print(json.dumps(r.to_json()))
     else:
         pct = lambda x: "—" if x is None else f"{100 * x:.2f}%"  # noqa: E731
-        out.print(f"[bold]{r.trace}[/] · budget {format_bytes(r.budget_bytes)} "
-                  f"(baseline peak {format_bytes(r.baseline_peak_bytes)})")
-        out.print(f"status       {r.status}" + (" (time limit reached)" if r.timed_out else ""))
+        out.print(f"[bold]{escape(r.trace)}[/] · budget {format_bytes(r.budget_bytes)} "
+                  f"(baseline peak {format_bytes(r.baseline_peak_bytes)})", markup=True)
+        out.print(f"status       {r.status}" + (
+            " (interrupted: the best found so far)" if r.interrupted
+            else " (time limit reached)" if r.timed_out else ""))
         out.print(f"overhead     {pct(r.overhead)}  (best schedule: {r.best or 'none'})")
         out.print(f"lower bound  {pct(r.lower_bound)}  ("
                   + ", ".join(f"{k} {pct(v)}" for k, v in r.bounds.items()) + ")")
@@ -254,6 +261,8 @@ def optimum(
         out.print(f"time         {r.seconds:.1f} s")
         if plan_out is not None and r.plan is not None:
             out.print(f"wrote        {plan_out}")
+    if r.interrupted:
+        raise typer.Exit(EXIT_CODE)
     if r.overhead is None:
         raise typer.Exit(1)
 
@@ -475,9 +484,11 @@ def plan(
              "without planning.")] = None,
 ) -> None:
     """Plan one step statically (OLLA): reorder its operators and place every tensor in one
-    arena; print the recorded-order peak, planned peak, arena, lower bound and solve times."""
+    arena; print the recorded-order peak, planned peak, arena, lower bound and solve times.
+    Ctrl-C stops the search: the best plan so far, labelled interrupted, exit 130."""
     from rich.table import Table
 
+    from membudget.plan.interrupt import EXIT_CODE
     from membudget.plan.order import SOLVERS
     from membudget.plan.planner import plan_trace
     from membudget.trace import load_trace
@@ -489,27 +500,32 @@ def plan(
         if target is not None:
             check_output(target, [source])
     path = source
-    if not (Path(source).exists() or "::" in source):
-        from membudget.trace.capture import zoo_sources
+    try:
+        if not (Path(source).exists() or "::" in source):
+            from membudget.trace.capture import zoo_sources
 
-        with _capture_progress(f"capturing {source}") as progress:
-            path = zoo_sources([source], batch, device_spec, progress, optimizer)[0]
-    trace = load_trace(path)
-    if export_problem is not None:
-        from membudget.plan.graph import from_trace
-        from membudget.plan.minimalloc_csv import write_csv
-        from membudget.plan.planner import location_problem
+            with _capture_progress(f"capturing {source}") as progress:
+                path = zoo_sources([source], batch, device_spec, progress, optimizer)[0]
+        trace = load_trace(path)
+        if export_problem is not None:
+            from membudget.plan.graph import from_trace
+            from membudget.plan.minimalloc_csv import write_csv
+            from membudget.plan.planner import location_problem
 
-        problem = location_problem(from_trace(trace))
-        write_csv(export_problem, problem)
-        out.print(f"wrote {len(problem):,} buffers of {trace.name} (recorded order, max load "
-                  f"{format_bytes(problem.max_load())}) to {export_problem}")
-        return
-    with err.status(f"planning {trace.name} ({time_limit:g} s)") as status:
-        p = plan_trace(trace, time_limit, solver,
-                       progress=lambda stage: status.update(f"planning {trace.name}: {stage}"))
+            problem = location_problem(from_trace(trace))
+            write_csv(export_problem, problem)
+            out.print(f"wrote {len(problem):,} buffers of {trace.name} (recorded order, max "
+                      f"load {format_bytes(problem.max_load())}) to {export_problem}")
+            return
+        with err.status(escape(f"planning {trace.name} ({time_limit:g} s)")) as status:
+            p = plan_trace(trace, time_limit, solver, progress=lambda stage: status.update(
+                escape(f"planning {trace.name}: {stage}")))
+    except KeyboardInterrupt:  # outside the solve, or a second Ctrl-C in it
+        err.print("interrupted before any valid result")
+        raise typer.Exit(EXIT_CODE) from None
     s = p.summary()
-    table = Table(title=f"static plan of {trace.name} ({s['ops']:,} ops)")
+    table = Table(title=f"static plan of {trace.name} ({s['ops']:,} ops)" + (
+        ", interrupted: the best plan found so far" if p.interrupted else ""))
     table.add_column("")
     table.add_column("bytes", justify="right")
     table.add_column("vs recorded order", justify="right")
@@ -535,6 +551,8 @@ def plan(
         write_text(output, json.dumps({**s, "order": p.order.order,
                                        "offsets": p.packing.offsets}, indent=1))
         err.print(f"wrote {output}")
+    if p.interrupted:
+        raise typer.Exit(EXIT_CODE)
 
 
 @app.command()
@@ -564,23 +582,31 @@ def pack(
     bound (or the capacity) is searched with the time left: up to 1,000 buffers by CP-SAT
     racing a canonical search (MiniMalloc's, by restarts and by discrepancies), which can
     prove a height optimal; above that by windowed CP-SAT, which re-packs the top of the
-    packing window by window and proves nothing.
+    packing window by window and proves nothing. Ctrl-C stops the search: the best packing
+    so far is printed and written, labelled interrupted, exit 130.
     """
+    from membudget.plan.interrupt import EXIT_CODE
     from membudget.plan.pack import pack_file
 
     _positive(time_limit, "--time-limit")
     _positive(capacity, "--capacity")
     if output is not None:
         check_output(output, [problem])
-    with err.status(f"packing {problem}") as status:
-        result, code = pack_file(problem, capacity=capacity, time_limit=time_limit,
-                                 out=output, write_unfit=write_unfit,
-                                 progress=lambda m: status.update(f"packing {problem}: {m}"))
-    fits = "" if capacity is None else (f", fits {capacity:,}" if code == 0 else
+    try:
+        with err.status(escape(f"packing {problem}")) as status:
+            result, code = pack_file(problem, capacity=capacity, time_limit=time_limit,
+                                     out=output, write_unfit=write_unfit,
+                                     progress=lambda m: status.update(
+                                         escape(f"packing {problem}: {m}")))
+    except KeyboardInterrupt:  # outside the search, or a second Ctrl-C in it
+        err.print("interrupted before any valid result")
+        raise typer.Exit(EXIT_CODE) from None
+    fits = "" if capacity is None else (f", fits {capacity:,}" if result.fits else
                                         f", does NOT fit {capacity:,}")
     proof = "proven optimal" if result.proven_optimal else f"gap {result.gap:.3%}"
     out.print(f"height {result.height:,} (lower bound {result.lower_bound:,}{fits}; {proof}) "
-              f"by {result.method} in {result.seconds:.1f} s")
+              f"by {result.method} in {result.seconds:.1f} s"
+              + (" (interrupted: the best packing so far)" if result.interrupted else ""))
     err.print(result.message)
     if output and (result.fits or write_unfit):
         err.print(f"wrote {output}" + ("" if result.fits else

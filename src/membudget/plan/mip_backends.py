@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from membudget.plan import solver_worker
+from membudget.plan import interrupt, solver_worker
 
 SOLVERS = ("cpsat", "highs")
 _RIVAL = {"cpsat": "highspy", "highs": "ortools.sat.python.cp_model"}  # see solver_worker
@@ -92,13 +92,15 @@ def _solve_cpsat(mip: Mip, values: list[int], time_limit: float, gap: int,
     s.parameters.num_workers = 2
     s.parameters.absolute_gap_limit = max(gap, 0.5)  # integer objective: < 1 means exact
     s.parameters.cp_model_probing_level = 0  # probing these models costs seconds, gains little
+    s.parameters.catch_sigint_signal = False  # Ctrl-C is ours: see packing.cp_sat
 
     class _Cb(cp_model.CpSolverSolutionCallback):
         def on_solution_callback(self) -> None:
             if report is not None:
                 report(self.objective_value, self.best_objective_bound)
 
-    code = s.solve(m, _Cb())
+    with interrupt.stopping(s.stop_search):
+        code = s.solve(m, _Cb())
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None, None, mip.lb[mip.objective]
     return ([s.value(v) for v in xs], round(s.objective_value),
@@ -106,8 +108,9 @@ def _solve_cpsat(mip: Mip, values: list[int], time_limit: float, gap: int,
 
 
 def new_highs() -> Any:
-    """A silent HiGHS instance. The first one made in a process prints a banner to the C
-    stdout, which would corrupt ``--json`` output: that one is made with stdout closed."""
+    """A silent HiGHS instance that ``cancelSolve()`` stops (:func:`run_highs`). The first
+    one made in a process prints a banner to the C stdout, which would corrupt ``--json``
+    output: that one is made with stdout closed."""
     import highspy
 
     sys.stdout.flush()
@@ -120,7 +123,15 @@ def new_highs() -> Any:
         os.dup2(saved, 1)
         os.close(saved)
     h.silent()
+    h.HandleUserInterrupt = True
     return h
+
+
+def run_highs(h: Any) -> None:
+    """``h.run()``, which Ctrl-C stops (:mod:`.interrupt`): ``h`` then holds the best
+    solution and bound it had, and every later run of ``h`` stops at once."""
+    with interrupt.stopping(h.cancelSolve):
+        h.run()
 
 
 def lp_then_mip(lp: Any, time_limit: float, threads: int = 2,
@@ -138,7 +149,7 @@ def lp_then_mip(lp: Any, time_limit: float, threads: int = 2,
     h.passModel(lp)
     h.setOptionValue("time_limit", max(0.1, float(time_limit)))
     h.setOptionValue("threads", threads)
-    h.run()
+    run_highs(h)
     bound = -math.inf
     if h.getModelStatus() == highspy.HighsModelStatus.kOptimal:
         bound = h.getInfo().objective_function_value
@@ -150,7 +161,7 @@ def lp_then_mip(lp: Any, time_limit: float, threads: int = 2,
                             np.array(integrality, dtype=np.uint8))
     h.setOptionValue("time_limit", max(0.1, left))
     h.setOptionValue("mip_rel_gap", rel_gap)
-    h.run()
+    run_highs(h)
     dual = h.getInfo().mip_dual_bound
     if math.isfinite(dual):
         bound = max(bound, dual)
@@ -192,7 +203,7 @@ def _solve_highs(mip: Mip, values: list[int], time_limit: float, gap: int,
             report(d.objective_function_value, d.mip_dual_bound)
 
         h.cbMipImprovingSolution.subscribe(_cb)
-    h.run()
+    run_highs(h)
     info = h.getInfo()
     if info.primal_solution_status != highspy.kSolutionStatusFeasible:
         return None, None, mip.lb[mip.objective]

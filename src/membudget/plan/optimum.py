@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from membudget.errors import MembudgetError
-from membudget.plan import checkmate
+from membudget.plan import checkmate, interrupt
 from membudget.plan.remat_bound import lower_bound as relaxation_bound
 from membudget.plan.remat_problem import RematProblem, remat_problem
 from membudget.sim.evictions import EvictionPlan
@@ -80,6 +80,7 @@ class OptimumResult:
     bounds: dict[str, float] = field(default_factory=dict)  # each bound's overhead
     bound_violated: bool = False  # a bound exceeded a simulated schedule: a bug, not proof
     candidates: list[Candidate] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C stopped the solvers: the best found so far
     plan: EvictionPlan | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -95,12 +96,15 @@ def _plan_from_drops(drops: list) -> EvictionPlan:
     return EvictionPlan(before, "relaxation")
 
 
+@interrupt.sigint_stops()
 def optimum(trace: Trace, *, budget: int | None = None, ratio: float | None = None,
             time_limit: float = 60.0, problem: RematProblem | None = None,
             baseline: Baseline | None = None,
             progress: Callable[[str], object] | None = None) -> OptimumResult:
     """Bound and approach the least overhead of ``trace`` under ``budget`` bytes (or
-    ``ratio`` × its baseline peak) within about ``time_limit`` seconds."""
+    ``ratio`` × its baseline peak) within about ``time_limit`` seconds. Ctrl-C stops the
+    solvers (:mod:`.interrupt`): the bounds they had, and the schedules of those and of
+    the DTR family, each run by the simulator as usual."""
     if (ratio is None) == (budget is None):
         raise MembudgetError("give exactly one of ratio and budget")
     if ratio is not None and not ratio > 0:
@@ -138,7 +142,9 @@ def optimum(trace: Trace, *, budget: int | None = None, ratio: float | None = No
     if relax.drops:
         tell("scheduling: the relaxation's drops")
         run("relaxation", _plan_from_drops(relax.drops))
-    if checkmate.size(prob) <= CHECKMATE_MAX_VARIABLES and time.perf_counter() < deadline:
+    if checkmate.size(prob) > CHECKMATE_MAX_VARIABLES or time.perf_counter() >= deadline:
+        timed_out = True
+    elif not interrupt.requested():
         left = deadline - time.perf_counter()
         tell(f"solving Checkmate's MILP ({left:.0f} s)")
         cm = checkmate.solve(prob, budget, time_limit=max(1.0, left))
@@ -146,8 +152,6 @@ def optimum(trace: Trace, *, budget: int | None = None, ratio: float | None = No
         timed_out = timed_out or not cm.exact
         if cm.plan is not None:
             run("checkmate", cm.plan)
-    else:
-        timed_out = True
     lb = max(bounds.values())
     ok = [c for c in candidates if c.overhead is not None]
     best = min(ok, key=lambda c: c.overhead) if ok else None  # type: ignore[arg-type,return-value]
@@ -166,11 +170,12 @@ def optimum(trace: Trace, *, budget: int | None = None, ratio: float | None = No
         status = "optimal" if proven else "feasible"
     else:
         gap, proven, status = None, False, "no-schedule"
+    interrupted = interrupt.requested()
     return OptimumResult(
         trace.name, budget, ratio, base.cost, base.peak_bytes, status, over, lb, proven, gap,
-        best.source if best else None, time.perf_counter() - t0, timed_out and not proven,
-        relax.min_budget, bounds, violated, candidates,
-        plans.get(best.source) if best else None)
+        best.source if best else None, time.perf_counter() - t0,
+        timed_out and not proven and not interrupted, relax.min_budget, bounds, violated,
+        candidates, interrupted, plans.get(best.source) if best else None)
 
 
 def optimum_planner(time_limit: float = 30.0) -> Callable[[Trace, int, str], EvictionPlan]:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from membudget.plan import lifetime_ilp
+from membudget.plan import interrupt, lifetime_ilp
 from membudget.plan.check_order import check_order
 from membudget.plan.graph import LEAF, Graph, GraphError, Tensor
 from membudget.plan.schedule import best_greedy, contract
@@ -46,7 +46,8 @@ class Progress:
 class OrderResult:
     """An order of a graph's node ids, its checked peak, the combinatorial ``lower_bound``,
     the best proven ``bound`` (>= it: the solver's on a whole-graph ILP), ``gap`` = (peak -
-    bound) / peak, and how it was found (bytes, seconds)."""
+    bound) / peak, and how it was found (bytes, seconds); ``interrupted``: Ctrl-C stopped
+    the search, and this is the best order it had."""
 
     order: list[int]
     peak: int
@@ -60,6 +61,7 @@ class OrderResult:
     method: str  # "greedy", "ilp" (whole graph) or "windows"
     seconds: float
     message: str
+    interrupted: bool = False
 
     @property
     def reduction(self) -> float | None:
@@ -73,8 +75,9 @@ def optimize_order(graph: Graph, time_limit: float = 30.0, solver: str = DEFAULT
                    rel_gap: float = REL_GAP, window: int = WINDOW,
                    whole_graph_vars: int = WHOLE_GRAPH_VARS) -> OrderResult:
     """The lowest-peak order ``solver`` ("cpsat", "highs", "greedy": no ILP) finds in
-    ``time_limit`` s or until within ``rel_gap`` of the bound. Always a valid order (the greedy
-    one past a tiny limit); optimal only when proven (whole-graph optimum or peak = bound)."""
+    ``time_limit`` s or until within ``rel_gap`` of the bound (or Ctrl-C, within a
+    :func:`.interrupt.sigint_stops` block). Always a valid order (the greedy one past a tiny
+    limit); optimal only when proven (whole-graph optimum or peak = bound)."""
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; known: {', '.join(SOLVERS)}")
     t0 = time.perf_counter()
@@ -99,7 +102,8 @@ def optimize_order(graph: Graph, time_limit: float = 30.0, solver: str = DEFAULT
 
     report("greedy", peak, lower)
     left = deadline - time.perf_counter()
-    if solver != "greedy" and peak - lower > rel_gap * peak and left > MIN_SOLVE_SECONDS:
+    if (solver != "greedy" and peak - lower > rel_gap * peak and left > MIN_SOLVE_SECONDS
+            and not interrupt.requested()):
         if small and _model_size(g) <= whole_graph_vars:
             method = "ilp"
             r = lifetime_ilp.solve(g, solver, left, order, peak, lower, int(rel_gap * peak),
@@ -125,9 +129,12 @@ def optimize_order(graph: Graph, time_limit: float = 30.0, solver: str = DEFAULT
     if not optimal:
         notes.append(f"order not proven optimal ({method}): peak {peak:,} B is within "
                      f"{gap:.2%} of the bound {bound:,} B")
+    seconds, interrupted = time.perf_counter() - t0, interrupt.requested()
+    if interrupted:
+        notes.append(f"interrupted after {seconds:.1f} s: the best order found so far")
     return OrderResult(full, peak, lower, bound, recorded, gap, status, optimal,
-                       solver if method != "greedy" else "greedy", method,
-                       time.perf_counter() - t0, "; ".join(notes))
+                       solver if method != "greedy" else "greedy", method, seconds,
+                       "; ".join(notes), interrupted)
 
 
 def _recorded_peak(graph: Graph) -> int | None:
@@ -181,7 +188,8 @@ def _improve_windows(g: Graph, order: list[int], lower: int, solver: str, deadli
                      ) -> tuple[list[int], int, str]:
     """Repeatedly solve the ILP of a window of steps around a step at the peak, keeping
     the rest of the order; when no window around a peak step is left to try, double the
-    window (up to WINDOW_GROWTH times). Stops there, at the bound, or when time is up."""
+    window (up to WINDOW_GROWTH times). Stops there, at the bound, when time is up or at
+    Ctrl-C."""
     order = list(order)
     tried: set[tuple[int, ...]] = set()
     solved = improved = 0
@@ -190,7 +198,7 @@ def _improve_windows(g: Graph, order: list[int], lower: int, solver: str, deadli
         left = deadline - time.perf_counter()
         profile = g.profile(order)
         peak = int(profile.max())
-        if peak - lower <= rel_gap * peak or left < MIN_SOLVE_SECONDS:
+        if peak - lower <= rel_gap * peak or left < MIN_SOLVE_SECONDS or interrupt.requested():
             break
         picks = [min(max(0, a), g.n - span) for t in map(int, (profile == peak).nonzero()[0])
                  for a in (t - span // 2, t - span + span // 8, t - span // 8)]

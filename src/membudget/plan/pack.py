@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from membudget.errors import UnknownNameError
+from membudget.plan import interrupt
 from membudget.plan.minimalloc_csv import read_csv, write_csv
 from membudget.plan.packing import windows
 from membudget.plan.packing.canonical import DEFAULT_OPTIONS, Options
@@ -71,14 +72,16 @@ class PackResult:
         return self.height / self.lower_bound - 1 if self.lower_bound else 0.0
 
 
+@interrupt.sigint_stops()
 def pack(problem: Problem, capacity: int | None = None, time_limit: float = 10.0,
          progress: Progress | None = None, solvers: Sequence[str] = SOLVERS,
          options: Options = DEFAULT_OPTIONS) -> PackResult:
     """Give every buffer an offset: minimise the arena height, or with a ``capacity`` (bytes)
     find a packing within it (once that is proven impossible, minimise with the time left).
     Returns the best valid packing found in ``time_limit`` seconds (at least one greedy
-    packing), checked by the independent validator. ``solvers`` picks among SOLVERS and
-    ``options`` switches the canonical search's rules (ablations)."""
+    packing), checked by the independent validator; Ctrl-C stops the search and returns the
+    best packing so far (:mod:`.interrupt`). ``solvers`` picks among SOLVERS and ``options``
+    switches the canonical search's rules (ablations)."""
     for name in solvers:
         if name not in SOLVERS:
             raise UnknownNameError("solver", name, SOLVERS)
@@ -89,33 +92,23 @@ def pack(problem: Problem, capacity: int | None = None, time_limit: float = 10.0
     max_load = problem.max_load()
     best, method, runs = np.zeros(0, dtype=np.int64), "nothing to place", []
     bound = inst.max_load()
-    interrupted = False
-    try:
-        for packer, off in portfolio(inst, start + GREEDY_SHARE * time_limit):
-            runs.append((packer.name, inst.bytes(inst.height(off))))
-            if not len(best) or inst.height(off) < inst.height(best):
-                best, method = off, packer.name
-            if inst.height(best) <= bound:
-                break  # optimal: no packer can do better
-    except KeyboardInterrupt:
-        if not runs:
-            raise  # nothing to return yet
-        interrupted = True
+    for packer, off in portfolio(inst, start + GREEDY_SHARE * time_limit):
+        runs.append((packer.name, inst.bytes(inst.height(off))))
+        if not len(best) or inst.height(off) < inst.height(best):
+            best, method = off, packer.name
+        if inst.height(best) <= bound or interrupt.requested():
+            break  # optimal (no packer can do better), or Ctrl-C
     greedy_height = inst.bytes(inst.height(best))
     say(f"{method}: height {greedy_height:,} B ({len(runs)} greedy packers; max load "
         f"{max_load:,} B)")
     solve = _Components(inst, best, method, solvers, options, say)
     target = None if capacity is None else capacity // inst.gcd - inst.floor
-    try:
-        if not interrupted:
-            solve.run(deadline, target)
-            if solve.infeasible:  # minimise with the time left
-                solve.run(deadline, None)
-    except KeyboardInterrupt:  # Ctrl-C: the best packing found so far, said to be that
-        interrupted = True
+    solve.run(deadline, target)
+    if solve.infeasible:  # minimise with the time left
+        solve.run(deadline, None)
     infeasible = solve.infeasible
     return _result(problem, inst, solve, capacity, infeasible, max_load, greedy_height,
-                   tuple(runs), time.perf_counter() - start, time_limit, interrupted)
+                   tuple(runs), time.perf_counter() - start, time_limit, interrupt.requested())
 
 
 class _Components:
@@ -160,7 +153,7 @@ class _Components:
         left = sum(len(self.parts[k]) for k in todo)
         for k in sorted(todo, key=lambda k: -self.height(k)):
             now = time.perf_counter()
-            if now >= deadline:
+            if now >= deadline or interrupt.requested():
                 return
             share = now + (deadline - now) * len(self.parts[k]) / left
             left -= len(self.parts[k])
@@ -174,21 +167,20 @@ class _Components:
         sub = self.inst.part(part)
         inc = Incumbent(sub, self.offsets[part], self.method[k], self.lower[k], target,
                         enough=self.bound, progress=self.say)
-        try:
+        with interrupt.stopping(inc.done.set):  # Ctrl-C settles it as it is
             if len(sub) <= EXACT_MAX_BUFFERS:
                 race(inc, deadline, self.solvers, self.options, self.say)
             elif not inc.done.is_set() and "cp-sat" in self.solvers:
                 self.say(f"windowed CP-SAT on a part of {len(sub):,} buffers")
                 windows.improve(inc, deadline)
-        finally:  # also when interrupted: what was found is valid
-            self.ran.update(inc.ran)
-            self.windows += inc.windows
-            self.offsets[part] = inc.offsets
-            self.method[k] = inc.method
-            self.lower[k] = inc.lower
-            if inc.infeasible and target is not None:  # nothing fits the target
-                self.lower[k] = max(inc.lower, target + 1)
-            self.bound = max(self.bound, self.lower[k])
+        self.ran.update(inc.ran)
+        self.windows += inc.windows
+        self.offsets[part] = inc.offsets
+        self.method[k] = inc.method
+        self.lower[k] = inc.lower
+        if inc.infeasible and target is not None:  # nothing fits the target
+            self.lower[k] = max(inc.lower, target + 1)
+        self.bound = max(self.bound, self.lower[k])
         return inc
 
     @property
@@ -259,10 +251,11 @@ def pack_file(path: str | Path, capacity: int | None = None, time_limit: float =
     """Pack a MiniMalloc CSV and write the solution (with ``offset``) to ``out`` if given:
     a packing that does not fit the capacity only with ``write_unfit``.
 
-    Exit code 0 when every buffer fits (always, without a capacity), else 1.
+    Exit code 130 when Ctrl-C stopped the search, else 0 when every buffer fits (always,
+    without a capacity), else 1.
     """
     problem = read_csv(path)
     result = pack(problem, capacity, time_limit, progress)
     if out is not None and (result.fits or write_unfit):
         write_csv(out, problem.with_offsets(result.offsets))
-    return result, 0 if result.fits else 1
+    return result, (interrupt.EXIT_CODE if result.interrupted else 0 if result.fits else 1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from membudget.plan import interrupt
 from membudget.plan.graph import LEAF, Graph, from_trace
 from membudget.plan.order import OrderResult, optimize_order
 from membudget.plan.pack import PackResult, pack
@@ -44,6 +45,11 @@ class Plan:
         return self.packing.height
 
     @property
+    def interrupted(self) -> bool:
+        """Whether Ctrl-C stopped the search: the plan is the best found so far."""
+        return self.order.interrupted or self.packing.interrupted
+
+    @property
     def fragmentation(self) -> float:
         """(arena − max live) / arena: what the offsets waste."""
         return (self.arena - self.max_live) / self.arena if self.arena else 0.0
@@ -52,7 +58,8 @@ class Plan:
         """The plan's figures, as ``membudget plan`` prints and ``-o`` writes them."""
         o, p = self.order, self.packing
         return {
-            "trace": self.name, "ops": len(o.order), "recorded_peak": self.recorded_peak,
+            "trace": self.name, "interrupted": self.interrupted, "ops": len(o.order),
+            "recorded_peak": self.recorded_peak,
             "caching_allocator_peak": self.caching_peak, "planned_peak": o.peak,
             "lower_bound": o.lower_bound, "order_bound": o.bound, "order_gap": o.gap,
             "order_status": o.status, "order_solver": o.solver, "order_seconds": o.seconds,
@@ -86,11 +93,14 @@ def location_problem(graph: Graph, order: Sequence[int] | None = None) -> Proble
     return Problem(tuple(buffers))
 
 
+@interrupt.sigint_stops()
 def plan_trace(trace: Trace, time_limit: float = 30.0, solver: str | None = None,
                caching: bool = True,
                progress: Callable[[str], None] | None = None) -> Plan:
-    """Plan ``trace``'s step within about ``time_limit`` seconds; the order and the offsets
-    are checked by the validators before the plan is returned."""
+    """Plan ``trace``'s step within about ``time_limit`` seconds (Ctrl-C stops the search:
+    the best order and offsets found so far, without the caching allocator's peak; see
+    :mod:`.interrupt`); the order and the offsets are checked by the validators before the
+    plan is returned."""
     tell = progress or (lambda stage: None)
     graph = from_trace(trace)
     recorded = graph.recorded_peak()
@@ -104,7 +114,7 @@ def plan_trace(trace: Trace, time_limit: float = 30.0, solver: str | None = None
     problem = location_problem(graph, order.order)
     packing = pack(problem, time_limit=time_limit * (1 - ORDER_SHARE))
     validate_plan(graph, order.order, order.peak, problem, packing.offsets, packing.height)
-    caching_peak = _caching_peak(trace) if caching else None
+    caching_peak = _caching_peak(trace) if caching and not interrupt.requested() else None
     return Plan(trace.name, order, problem, packing, recorded, caching_peak)
 
 

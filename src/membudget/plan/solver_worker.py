@@ -6,14 +6,19 @@ process can load only one of them, so a solver whose rival library is already lo
 runs in a worker process instead (``mip_backends.run_mip`` decides). A worker is a fresh
 interpreter (``python -m membudget.plan.solver_worker``) that imports nothing of the solvers
 until its first job; there is one per name, started on first use, kept for later jobs,
-killed if a job is interrupted or the worker dies (a new one starts next time) and told to
-exit when this process exits.
+killed if a job fails or the worker dies (a new one starts next time) and told to exit when
+this process exits.
 
 Protocol, pickles over the worker's stdin and stdout: the parent sends ``(function, args)``
 (``function`` defined at a module's top level, so that it pickles by reference); the worker
-calls ``function(*args, relay)``, answers ``("progress", values)`` for each ``relay(*values)``
-and then ``("done", result)``, and exits at end of input. Anything the solver prints to file
-descriptor 1 goes to the worker's stderr instead.
+answers ``("started", None)``, calls ``function(*args, relay)``, answers ``("progress",
+values)`` for each ``relay(*values)`` and then ``("done", result)``, and exits at end of
+input. Anything the solver prints to file descriptor 1 goes to the worker's stderr instead.
+
+Ctrl-C: the worker runs in a session of its own, out of reach of the terminal's SIGINT. Once
+it has started a job, Ctrl-C here (:mod:`.interrupt`) sends it one SIGINT, which stops its
+solver as it would here: the job answers with the best result it had. A second Ctrl-C here
+kills it.
 """
 
 from __future__ import annotations
@@ -21,11 +26,14 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+from membudget.plan import interrupt
 
 T = TypeVar("T")
 
@@ -35,18 +43,21 @@ _WORKERS: dict[str, subprocess.Popen] = {}
 def call(name: str, function: Callable[..., T], args: tuple[Any, ...],
          report: Callable[..., None] | None = None) -> T:
     """``function(*args, relay)`` in the worker process ``name``, passing each progress
-    report to ``report``. If this is interrupted or the worker dies, the worker is killed."""
+    report to ``report``; Ctrl-C stops it (see the module). If this fails (a second Ctrl-C)
+    or the worker dies, the worker is killed."""
     w = _worker(name)
     assert w.stdin is not None and w.stdout is not None
     try:
         pickle.dump((function, args), w.stdin)
         w.stdin.flush()
-        while True:
-            kind, payload = pickle.load(w.stdout)
-            if kind == "done":
-                return payload
-            if report is not None:
-                report(*payload)
+        pickle.load(w.stdout)  # ("started", None): the job's SIGINT handler is in place
+        with interrupt.stopping(_interrupter(w)):
+            while True:
+                kind, payload = pickle.load(w.stdout)
+                if kind == "done":
+                    return payload
+                if report is not None:
+                    report(*payload)
     except BaseException as e:
         w.kill()
         w.wait()
@@ -55,6 +66,19 @@ def call(name: str, function: Callable[..., T], args: tuple[Any, ...],
             raise RuntimeError(f"the {name} worker process died ({e!r}); see its "
                                "stderr") from e
         raise
+
+
+def _interrupter(w: subprocess.Popen) -> Callable[[], None]:
+    """A stop for ``w``'s job that sends it SIGINT once (a second would abort it)."""
+    sent = False
+
+    def stop() -> None:
+        nonlocal sent
+        if not sent:
+            sent = True
+            w.send_signal(signal.SIGINT)
+
+    return stop
 
 
 def _worker(name: str) -> subprocess.Popen:
@@ -66,7 +90,7 @@ def _worker(name: str) -> subprocess.Popen:
             p for p in (src, os.environ.get("PYTHONPATH")) if p)}
         w = _WORKERS[name] = subprocess.Popen(
             [sys.executable, "-m", "membudget.plan.solver_worker"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, env=env)
+            stdout=subprocess.PIPE, env=env, start_new_session=True)
     return w
 
 
@@ -86,18 +110,21 @@ def _serve() -> None:
     output that goes to file descriptor 1 is sent to stderr instead)."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
+    signal.signal(signal.SIGINT, lambda *_: None)  # a stop sent as its job ended: nothing
+
+    def answer(kind: str, payload: object) -> None:
+        pickle.dump((kind, payload), out)
+        out.flush()
+
     while True:
         try:
             function, args = pickle.load(sys.stdin.buffer)
         except EOFError:
             return
-
-        def relay(*values: object) -> None:
-            pickle.dump(("progress", values), out)
-            out.flush()
-
-        pickle.dump(("done", function(*args, relay)), out)
-        out.flush()
+        with interrupt.sigint_stops():
+            answer("started", None)
+            result = function(*args, lambda *values: answer("progress", values))
+        answer("done", result)
 
 
 if __name__ == "__main__":

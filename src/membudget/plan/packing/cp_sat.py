@@ -8,6 +8,7 @@ from collections.abc import Callable
 import numpy as np
 from ortools.sat.python import cp_model
 
+from membudget.plan import interrupt
 from membudget.plan.packing.canonical import Interrupted, Stop
 from membudget.plan.packing.instance import Instance
 
@@ -27,8 +28,9 @@ class CpSat:
         self.hint = hint
         self.solver = cp_model.CpSolver()
         self.solver.parameters.num_workers = workers
-        # Ctrl-C is ours to handle: CP-SAT's own handler swallows it in the main thread
-        # and aborts the process from another (std::bad_function_call)
+        # Ctrl-C is ours to handle (:mod:`membudget.plan.interrupt`): CP-SAT's own handler
+        # swallows it in the main thread and aborts the process from another
+        # (std::bad_function_call)
         self.solver.parameters.catch_sigint_signal = False
         self.watch: Callable[[], bool] | None = None
 
@@ -76,10 +78,11 @@ class CpSat:
     def _solve(self, model: cp_model.CpModel, ys: list[cp_model.IntVar], stop: Stop,
                timeout_ok: bool = False) -> np.ndarray | None:
         """Solve; the offsets, None if infeasible (or, with ``timeout_ok``, if nothing was
-        found in time); raises Interrupted on a timeout otherwise."""
+        found in time); raises Interrupted on a timeout (or Ctrl-C) otherwise."""
         self.watch = stop
         try:
-            status = self.solver.solve(model)
+            with interrupt.stopping(self.solver.stop_search):
+                status = self.solver.solve(model)
         finally:
             self.watch = None
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):

@@ -137,8 +137,9 @@ def _probe(name: str, strategy: Strategy, inc: Incumbent, deadline: float,
 def race(inc: Incumbent, deadline: float, solvers: Sequence[str] = SOLVERS,
          options: Options = DEFAULT_OPTIONS, progress: Progress | None = None) -> None:
     """CP-SAT beside the canonical searches (sharing one core) until one settles the
-    question or the deadline passes (or Ctrl-C: every solver thread has stopped when it
-    propagates); ``inc.ran`` names the solvers started."""
+    question, the deadline passes or ``inc.done`` is set (as Ctrl-C does); every solver
+    thread has stopped when it returns, or raises (KeyboardInterrupt: a hard stop).
+    ``inc.ran`` names the solvers started."""
     inst = inc.inst
     if inc.done.is_set() or time.perf_counter() >= deadline or not len(inst):
         return
