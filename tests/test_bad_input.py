@@ -265,3 +265,21 @@ def test_a_bad_size_limit_is_named(bad_files):
                  env={MAX_INPUT_ENV: "lots"})
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and MAX_INPUT_ENV in lines[0], lines
+
+
+# ------------------------------------------------------------------- through the Python API
+@pytest.mark.parametrize("budget", [float("nan"), float("inf"), -1, 0, "abc", "1e400 GB", True,
+                                    None, "-5 MB"])
+def test_a_bad_budget_is_refused_when_the_session_is_made(budget):
+    import membudget
+
+    with pytest.raises(MembudgetError, match="budget"):
+        membudget.budget(budget)
+
+
+def test_a_record_path_that_cannot_be_written_is_refused_before_the_step(tmp_path):
+    import membudget
+
+    with pytest.raises(MembudgetError, match="is a directory"):
+        membudget.budget("1 GB", record=tmp_path)  # (before: after the step had run)
+    assert membudget.budget(2**30, record=tmp_path / "new" / "t.jsonl").budget_bytes == 2**30

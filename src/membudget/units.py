@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -16,8 +17,10 @@ _PATTERN = re.compile(r"^\s*([0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]+)?|[0-9]{1,3}(?:
 def parse_bytes(value: int | float | str) -> int:
     """Bytes from an int or a string with an optional unit (B, kB, MB, GB, KiB, MiB, GiB...);
     thousands may be grouped as the package's messages print them (``18,737,792 B``)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        n = float(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        n: float = value  # exact, however large
+    elif isinstance(value, float):
+        n = value
     else:
         m = _PATTERN.match(str(value))
         unit = m.group(2).lower() if m else None
@@ -26,6 +29,8 @@ def parse_bytes(value: int | float | str) -> int:
                              "'1,500,000,000 B', '1.5 GB' or '1.5 GiB' (units: B, kB, MB, GB, "
                              "TB, KiB, MiB, GiB, TiB)")
         n = float(m.group(1).replace(",", "").replace("_", "")) * _UNITS[unit]
+    if not n < math.inf:  # (NaN fails too)
+        raise ValueError(f"a byte size must be a finite number, got {value!r}")
     if n < 0:
         raise ValueError(f"a byte size cannot be negative: {value!r}")
     return int(n)

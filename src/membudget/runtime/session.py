@@ -37,6 +37,7 @@ from membudget.core.engine import Engine, check_swap
 from membudget.core.policies import resolve_policy
 from membudget.core.records import Tensor
 from membudget.errors import BudgetTooSmallError, MembudgetError, OutOfBudget
+from membudget.outputs import check_output
 from membudget.runtime import ddp
 from membudget.runtime.call import SLOTS, OpCall, OpTimer, slot
 from membudget.runtime.classify import INFO, op_info
@@ -77,9 +78,14 @@ class Session(TorchDispatchMode, ContextDecorator):
                  mode: str = "dynamic", planner: Planner | None = None,
                  max_plans: int = MAX_PLANS, swap: str = "off") -> None:
         super().__init__()
-        self.budget_bytes = parse_bytes(budget) if isinstance(budget, str) else int(budget)
+        try:
+            self.budget_bytes = parse_bytes(budget)
+        except ValueError as e:
+            raise MembudgetError(f"budget: {e}") from None
         if self.budget_bytes <= 0:
             raise MembudgetError(f"a budget must be > 0 bytes, got {budget!r}")
+        if isinstance(record, (str, Path)):  # refused now, not after the step has run
+            check_output(record)
         check_name(determinism_check)  # refused here, before the session is entered
         self.mode = check_mode(mode)
         check_swap(swap, inplace, "cow")  # refused here, before the session is entered
