@@ -71,6 +71,7 @@ def _ratio(value: float | None) -> str:
     return "none" if value is None else f"{value:.2f}"
 
 
+POLICY_HELP = "Eviction policy (default: dtr-compact, see the README)."
 ALLOCATOR_HELP = ("Memory pool: fungible, best-fit, two-sided or torch-caching (default: the "
                   "policy's own; coop: two-sided, dte/megengine: best-fit, else fungible).")
 INPLACE_HELP = ("In-place writes: cow (copy-on-write) or remat (recomputable in-place; "
@@ -98,8 +99,7 @@ def import_dtr_log(
 def simulate(
     trace: Annotated[str, typer.Argument(help="A membudget trace or a DTR log "
                                               "(archive.zip::member reads inside a zip).")],
-    policy: Annotated[str, typer.Option(help="Eviction policy (default: dtr-compact, "
-                                             "see the README).")] = "default",
+    policy: Annotated[str, typer.Option(help=POLICY_HELP)] = "default",
     allocator: Annotated[str | None, typer.Option(help=ALLOCATOR_HELP)] = None,
     inplace: Annotated[str | None, typer.Option(help=INPLACE_HELP)] = None,
     swap: Annotated[str, typer.Option(help=SWAP_HELP)] = "off",
@@ -341,7 +341,7 @@ def sweep(
 def timeline(
     trace: Annotated[str, typer.Argument(help="A membudget trace or a DTR log.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="PNG to write.")],
-    policy: Annotated[str, typer.Option(help="Eviction policy.")] = "coop",
+    policy: Annotated[str, typer.Option(help=POLICY_HELP)] = "default",
     allocator: Annotated[str | None, typer.Option(help=ALLOCATOR_HELP + " A fungible pool "
                                                   "has no addresses: best-fit stands in.")]
         = None,
