@@ -314,3 +314,16 @@ def test_cli_timeline_writes_a_png_and_a_snapshot_torch_reads(tmp_path):
         data = pickle.load(f)
     summary = _memory_viz.segsum(data)  # the best-fit pool is one segment of the budget
     assert "total_reserved: 320.0B" in summary and "total_allocated: 300.0B" in summary
+
+
+def test_a_fragmented_pool_suggests_only_a_pool_it_is_not():
+    """The out-of-memory hint names a pool that keeps pinned blocks together only when the
+    run was not on one already."""
+    from membudget.errors import OutOfBudget
+
+    split = {"op": "f", "request_bytes": 100, "unevictable_bytes": 50, "budget_bytes": 200,
+             "largest_free_bytes": 80}
+    assert "(two-sided or segregated)" in str(OutOfBudget(**split, allocator="best-fit"))
+    for pool in OutOfBudget.GROUPING:
+        message = str(OutOfBudget(**split, allocator=pool))
+        assert "largest block" in message and "use a pool" not in message

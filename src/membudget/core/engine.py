@@ -571,7 +571,8 @@ class Engine:
             if not pool.items:
                 raise OutOfBudget(op=op, request_bytes=alloc.block_bytes(s.nbytes),
                                   unevictable_bytes=alloc.used, budget_bytes=alloc.capacity,
-                                  largest_free_bytes=alloc.largest_free_block())
+                                  largest_free_bytes=alloc.largest_free_block(),
+                                  allocator=alloc.name)
             chosen = victims(pool, self.clock, s)
             searched += perf_counter_ns() - t0
             for victim in chosen:
