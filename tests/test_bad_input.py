@@ -62,7 +62,7 @@ dtr_records = st.fixed_dictionaries(
               "ARGS": st.lists(st.sampled_from(["a", "b", "c"]), max_size=3) | json_values,
               "RESULT": st.lists(st.sampled_from(["a", "b", "c"]), max_size=2) | json_values,
               "MEMORY": st.sampled_from(["0", "64", "-5", "1e400", "9" * 30]) | json_values,
-              "ALIAS": st.sampled_from(["-1", "0", "1", "-2"]) | json_values,
+              "ALIAS": st.sampled_from(["-1", "0", "1", "-2", "--1"]) | json_values,
               "TIME": st.sampled_from(["10", "x"]) | json_values,
               "MUTATE": st.lists(st.integers(-1, 3) | st.just("0"), max_size=2) | json_values,
               "SRC": st.sampled_from(["a", "b"]), "DST": st.sampled_from(["a", "b", "c"]),
@@ -118,7 +118,7 @@ def test_dtr_log_reader_takes_any_records(tmp_path, records, junk):
 @FUZZ
 @given(data=st.binary(max_size=300) | st.builds(
     lambda rows: b"id,lower,upper,size\n" + "\n".join(rows).encode("utf-8", "surrogatepass"),
-    st.lists(st.lists(st.sampled_from(["0", "1", "4", "-3", "x", "9" * 25, "", '"', "\x00",
+    st.lists(st.lists(st.sampled_from(["0", "1", "4", "-3", "+-5", "x", "9" * 25, "", '"', "\x00",
                                        "\ud800", "a b"]), max_size=5).map(",".join),
              max_size=6)))
 def test_csv_reader_takes_any_bytes(tmp_path, data):
@@ -200,6 +200,11 @@ FILES: dict[str, bytes] = {
     "huge.csv": b"id,lower,upper,size\n0,0,4," + b"9" * 30 + b"\n",
     "field.csv": b"id,lower,upper,size\n" + b"x" * 200_000 + b",0,4,8\n",
     "nul.csv": b"id,lower,upper,size\n0,0,4,8\x00\n",
+    "two-signs.csv": b"id,lower,upper,size\n0,0,4,+-5\n",
+    "alias.log": dtr_log(*CONSTANT, {"INSTRUCTION": "CALL", "NAME": "f", "ARGS": ["w"],
+                                     "RESULT": ["a"], "TIME": "1"},
+                         {"INSTRUCTION": "MEMORY", "NAME": "a", "MEMORY": "8"},
+                         {"INSTRUCTION": "ALIAS", "NAME": "a", "ALIAS": "--1"}),
     "bom-only.csv": b"\xef\xbb\xbf",
     "good.jsonl": HEADER + lines([PUT, {"ev": "call", "op": "f", "in": [1], "out": [2],
                                         "bytes": [8], "cost": 1}]),
@@ -223,6 +228,8 @@ CASES = [  # (command, what the one line must say)
     (["pack", "{field.csv}", "-o", "{out}"], "field.csv:2: malformed CSV"),
     (["pack", "{nul.csv}", "-o", "{out}"], "nul.csv:2: column 'size' is not an"),
     (["pack", "{bom-only.csv}", "-o", "{out}"], "empty file"),
+    (["pack", "{two-signs.csv}", "-o", "{out}"], "two-signs.csv:2: column 'size' is not an"),
+    (["import", "dtr-log", "{alias.log}", "-o", "{out}"], "alias.log:6: ALIAS must be -1"),
     (["trace", "unet", "-o", "{out}", "--device", "nope"], "cannot capture on device 'nope'"),
     (["trace", "unet", "-o", "{out}", "--fake", "--device", "cpu"], "no effect with --fake"),
     (["trace", "unet", "-o", "{out}", "--device", "meta"], "use --fake"),

@@ -145,6 +145,21 @@ def open_text(path: str | Path, encoding: str = "utf-8") -> IO[str]:
     return io.TextIOWrapper(stream, encoding=encoding, errors="surrogateescape")
 
 
+def int64(value: object, signs: str = "+-") -> int | None:
+    """``value`` as an integer within int64, if it is one: an int (not a bool) or a string of
+    ASCII digits, after at most one leading sign from ``signs``; else None."""
+    if type(value) is int:
+        n = value
+    elif isinstance(value, str):
+        digits = value[1:] if value[:1] and value[0] in signs else value
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= 19):
+            return None
+        n = int(value)
+    else:
+        return None
+    return n if abs(n) <= INT64_MAX else None
+
+
 def check_utf8(raw: str, path: object, line: int) -> None:
     """A line read by ``open_text`` holds lone surrogates where its bytes were not UTF-8:
     name the line (an ASCII line, nearly every one, costs one check)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from membudget.errors import TraceError, excerpt
-from membudget.inputs import CORRUPT, INT64_MAX, check_utf8, open_text
+from membudget.inputs import CORRUPT, check_utf8, int64, open_text
 from membudget.outputs import replacing
 from membudget.plan.problem import Buffer, PlanError, Problem
 
@@ -98,10 +98,9 @@ def _read(rows: Any, path: object) -> Problem:
 
 def _int(cell: str, column: str, path: object, line: int) -> int:
     """A cell holding an integer within int64."""
-    if cell.isascii() and cell.lstrip("+-").isdigit() and len(cell) <= 20:
-        n = int(cell)
-        if abs(n) <= INT64_MAX:
-            return n
+    n = int64(cell)
+    if n is not None:
+        return n
     raise TraceError(path, line, f"column {column!r} is not an integer within int64: "
                                  f"{excerpt(cell)}")
 

@@ -17,8 +17,8 @@ from typing import Any
 from membudget.errors import TraceError, excerpt
 from membudget.inputs import (
     CORRUPT,
-    INT64_MAX,
     check_utf8,
+    int64,
     open_text,
     resolve_member,
     split_source,
@@ -122,12 +122,9 @@ def iter_dtr_log(path: str | Path) -> Iterator[Event]:
         return i
 
     def number(value: object, what: str, line: int) -> int:
-        # the logs store sizes and times as strings of digits
-        if type(value) is int or (isinstance(value, str) and value.isascii()
-                                  and value.isdigit() and len(value) <= 19):
-            n = int(value)
-            if 0 <= n <= INT64_MAX:
-                return n
+        n = int64(value, signs="")  # the logs store sizes and times as strings of digits
+        if n is not None and n >= 0:
+            return n
         raise TraceError(path, line, f"{what} must be an integer >= 0 within int64, got "
                                      f"{excerpt(value)}")
 
@@ -207,8 +204,8 @@ def _batch(name: str) -> int | None:
 
 def _alias(value: object, path: object, line: int) -> int:
     """An ALIAS field: -1 (a result of its own) or the index of the argument it views."""
-    text = str(value) if type(value) is int or isinstance(value, str) else ""
-    if text.isascii() and text.lstrip("-").isdigit() and len(text) <= 19 and int(text) >= -1:
-        return int(text)
+    a = int64(value, signs="-")
+    if a is not None and a >= -1:
+        return a
     raise TraceError(path, line, f"ALIAS must be -1 or an argument index, got "
                                  f"{excerpt(value)}")
