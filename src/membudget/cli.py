@@ -653,7 +653,7 @@ _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "Usage
 
 def main() -> None:
     """Entry point: a bad option or a membudget error becomes one clear line on stderr and
-    exit status 2; Ctrl-C outside a solve exits with 130."""
+    exit status 2 (Ctrl-C outside a solve: typer exits with 130)."""
     try:
         code = app(standalone_mode=False)
     except _UsageError as e:  # an option typer could not parse, or out of its range
@@ -662,9 +662,6 @@ def main() -> None:
             sys.exit(2)
         ctx = getattr(e, "ctx", None)
         _error(message + (f" (see {ctx.command_path} --help)" if ctx is not None else ""))
-    except typer.Abort:  # Ctrl-C
-        err.print("interrupted")
-        sys.exit(130)
     except MembudgetError as e:
         _error(str(e))
     sys.exit(code if isinstance(code, int) else 0)
