@@ -7,15 +7,13 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
-import os
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_outputs import cli
 
 from membudget.errors import MembudgetError, TraceError
 from membudget.inputs import MAX_INPUT_ENV
@@ -169,11 +167,6 @@ def test_the_decompressed_size_limit_is_refused_early(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------- through the commands
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "membudget.cli", *args], capture_output=True,
-                          text=True, timeout=60, env={**os.environ, **(env or {})})
-
-
 def dtr_log(*records: dict) -> bytes:
     return lines([{"INSTRUCTION": "ANNOTATE", "ANNOTATION": "START"}, *records])
 
@@ -258,7 +251,7 @@ def test_each_bad_file_gets_one_line_and_changes_nothing(bad_files, tmp_path, co
     args = [a.replace("{out}", str(out)) for a in command]
     for name in FILES:
         args = [a.replace("{" + name + "}", str(bad_files / name)) for a in args]
-    result = cli(*args)
+    result = cli(*args, timeout=60)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, (args, result.stderr[-2000:])
     assert words in lines[0] and len(lines[0]) < 700, lines[0]
@@ -269,7 +262,7 @@ def test_each_bad_file_gets_one_line_and_changes_nothing(bad_files, tmp_path, co
 
 def test_a_bad_size_limit_is_named(bad_files):
     result = cli("simulate", str(bad_files / "header-only.jsonl"), "--ratio", "1",
-                 env={MAX_INPUT_ENV: "lots"})
+                 env={MAX_INPUT_ENV: "lots"}, timeout=60)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and MAX_INPUT_ENV in lines[0], lines
 

@@ -4,6 +4,7 @@ stderr and exit status 2 before any work."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +18,11 @@ from membudget.trace import load_trace, write_trace
 LOGS = Path(__file__).resolve().parents[1].parent / "shared" / "dtr-logs" / "logs.zip"
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
+def cli(*args: str, env: dict[str, str] | None = None,
+        timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run the command line as a user does, with ``env`` added to the environment."""
     return subprocess.run([sys.executable, "-m", "membudget.cli", *args], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture(scope="module")

@@ -238,7 +238,7 @@ def optimum(
             print(json.dumps({"status": "infeasible", "budget_bytes": e.budget,
                               "min_budget_bytes": e.minimum, "message": str(e)}))
         else:
-            err.print(f"[red]error:[/] {escape(str(e))}", markup=True)
+            _print_error(str(e))
         raise typer.Exit(1) from None
     if plan_out is not None and r.plan is not None:
         r.plan.save(plan_out)
@@ -668,10 +668,15 @@ def main() -> None:
 
 
 def _error(message: str) -> None:
-    """Print ``message`` as one line (however long) and exit with status 2."""
+    """Print ``message`` as an error and exit with status 2."""
+    _print_error(message)
+    sys.exit(2)
+
+
+def _print_error(message: str) -> None:
+    """Print ``message`` on stderr as one ``error:`` line, however long."""
     err.print(f"[red]error:[/] {escape(' '.join(message.split()))}", markup=True,
               highlight=False, soft_wrap=True)
-    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -63,12 +63,17 @@ def _zip(archive: Path) -> zipfile.ZipFile:
 def zip_members(archive: str | Path, suffix: str = "") -> list[str]:
     """Names of the files in a zip archive that end with ``suffix``."""
     with _zip(Path(archive)) as z:
-        return [n for n in z.namelist() if not n.endswith("/") and n.endswith(suffix)]
+        return _files(z, suffix)
 
 
-def resolve_member(archive: Path, member: str) -> str:
-    """The archive member called ``member``, or the one file whose base name starts with it."""
-    names = zip_members(archive)
+def _files(z: zipfile.ZipFile, suffix: str = "") -> list[str]:
+    return [n for n in z.namelist() if not n.endswith("/") and n.endswith(suffix)]
+
+
+def resolve_member(archive: Path, member: str, names: list[str] | None = None) -> str:
+    """The archive member called ``member``, or the one file whose base name starts with it
+    (among ``names``, the archive's files, when the caller has them)."""
+    names = zip_members(archive) if names is None else names
     if member in names:
         return member
     hits = [n for n in names if n.rsplit("/", 1)[-1].startswith(member)]
@@ -128,7 +133,7 @@ def open_text(path: str | Path, encoding: str = "utf-8") -> IO[str]:
     if member is not None:
         owner = _zip(archive)
         try:
-            raw: IO[bytes] = owner.open(resolve_member(archive, member))
+            raw: IO[bytes] = owner.open(resolve_member(archive, member, _files(owner)))
         except (RuntimeError, NotImplementedError) as e:  # encrypted, unknown compression
             owner.close()
             raise TraceError(path, None, f"cannot read this archive member: {e}") from None
