@@ -18,6 +18,7 @@ from rich.text import Text
 
 from membudget.errors import MembudgetError
 from membudget.outputs import check_output, write_text
+from membudget.plan.interrupt import EXIT_CODE
 from membudget.units import format_bytes, parse_bytes
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="markdown",
@@ -65,6 +66,16 @@ def _positive(value: float | None, option: str) -> float | None:
     if value is not None and not (math.isfinite(value) and value > 0):
         raise MembudgetError(f"{option} must be a finite number > 0, got {value}")
     return value
+
+
+@contextmanager
+def _no_result_at_ctrl_c() -> Iterator[None]:
+    """Ctrl-C before a solve has a result (or a second one during it): one line, exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        err.print("interrupted before any valid result")
+        raise typer.Exit(EXIT_CODE) from None
 
 
 def _ratio(value: float | None) -> str:
@@ -210,7 +221,6 @@ def optimum(
     "optimal" when they meet; otherwise the gap is (overhead - bound) / overhead. Exit 1
     when no schedule fits (with the least budget the bound admits). Ctrl-C stops the
     solvers: the best found so far, labelled interrupted, exit 130."""
-    from membudget.plan.interrupt import EXIT_CODE
     from membudget.plan.optimum import BudgetInfeasible
     from membudget.plan.optimum import optimum as solve
     from membudget.trace import load_trace
@@ -226,13 +236,12 @@ def optimum(
     if plan_out is not None:
         check_output(plan_out, [trace])
     try:
-        tr = load_trace(trace)
-        with err.status(escape(f"optimum of {tr.name}")) as status:
-            r = solve(tr, budget=nbytes, ratio=ratio, time_limit=time_limit,
-                      progress=lambda m: status.update(escape(f"optimum of {tr.name}: {m}")))
-    except KeyboardInterrupt:  # outside the solve, or a second Ctrl-C in it
-        err.print("interrupted before any valid result")
-        raise typer.Exit(EXIT_CODE) from None
+        with _no_result_at_ctrl_c():
+            tr = load_trace(trace)
+            with err.status(escape(f"optimum of {tr.name}")) as status:
+                r = solve(tr, budget=nbytes, ratio=ratio, time_limit=time_limit,
+                          progress=lambda m: status.update(escape(f"optimum of {tr.name}: "
+                                                                  f"{m}")))
     except BudgetInfeasible as e:
         if as_json:
             print(json.dumps({"status": "infeasible", "budget_bytes": e.budget,
@@ -488,7 +497,6 @@ def plan(
     Ctrl-C stops the search: the best plan so far, labelled interrupted, exit 130."""
     from rich.table import Table
 
-    from membudget.plan.interrupt import EXIT_CODE
     from membudget.plan.order import SOLVERS
     from membudget.plan.planner import plan_trace
     from membudget.trace import load_trace
@@ -500,7 +508,7 @@ def plan(
         if target is not None:
             check_output(target, [source])
     path = source
-    try:
+    with _no_result_at_ctrl_c():
         if not (Path(source).exists() or "::" in source):
             from membudget.trace.capture import zoo_sources
 
@@ -520,9 +528,6 @@ def plan(
         with err.status(escape(f"planning {trace.name} ({time_limit:g} s)")) as status:
             p = plan_trace(trace, time_limit, solver, progress=lambda stage: status.update(
                 escape(f"planning {trace.name}: {stage}")))
-    except KeyboardInterrupt:  # outside the solve, or a second Ctrl-C in it
-        err.print("interrupted before any valid result")
-        raise typer.Exit(EXIT_CODE) from None
     s = p.summary()
     table = Table(title=f"static plan of {trace.name} ({s['ops']:,} ops)" + (
         ", interrupted: the best plan found so far" if p.interrupted else ""))
@@ -585,22 +590,17 @@ def pack(
     packing window by window and proves nothing. Ctrl-C stops the search: the best packing
     so far is printed and written, labelled interrupted, exit 130.
     """
-    from membudget.plan.interrupt import EXIT_CODE
     from membudget.plan.pack import pack_file
 
     _positive(time_limit, "--time-limit")
     _positive(capacity, "--capacity")
     if output is not None:
         check_output(output, [problem])
-    try:
-        with err.status(escape(f"packing {problem}")) as status:
-            result, code = pack_file(problem, capacity=capacity, time_limit=time_limit,
-                                     out=output, write_unfit=write_unfit,
-                                     progress=lambda m: status.update(
-                                         escape(f"packing {problem}: {m}")))
-    except KeyboardInterrupt:  # outside the search, or a second Ctrl-C in it
-        err.print("interrupted before any valid result")
-        raise typer.Exit(EXIT_CODE) from None
+    with _no_result_at_ctrl_c(), err.status(escape(f"packing {problem}")) as status:
+        result, code = pack_file(problem, capacity=capacity, time_limit=time_limit,
+                                 out=output, write_unfit=write_unfit,
+                                 progress=lambda m: status.update(
+                                     escape(f"packing {problem}: {m}")))
     fits = "" if capacity is None else (f", fits {capacity:,}" if result.fits else
                                         f", does NOT fit {capacity:,}")
     proof = "proven optimal" if result.proven_optimal else f"gap {result.gap:.3%}"
