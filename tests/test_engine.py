@@ -532,3 +532,39 @@ def test_view_of_evicted_base_keeps_neighbour_counts_exact():
     for s in (a.storage, q.storage, b.storage):
         assert s.ev_children == sum(c.evicted for c in s.children), s
         assert s.ev_parents == sum(p.evicted for p in s.parents), s
+
+
+@pytest.mark.parametrize("inplace", ["cow", "remat"])
+def test_a_recomputed_write_takes_the_block_of_the_value_recomputed_for_it(inplace):
+    # y = f(x), then y2 = relu_(y) written in place; the program keeps only y2 and a pinned
+    # w. Under a budget of four blocks, v = g(x) evicts y2 and is then released: reading y2
+    # recomputes y for the write alone, and the write lands in y's block, so x, w and y2
+    # fill the budget, where a fresh block for the version would need a fifth.
+    eng = Engine(4 * B, "lru", inplace=inplace)
+    x = eng.put(B)
+    (y,) = eng.apply("f", [x], [B], cost=1)
+    (y2,) = eng.apply("relu_", [y], [], mutated=[0], cost=1)
+    eng.release(y)
+    w = eng.put(2 * B)
+    (v,) = eng.apply("g", [x], [B], cost=1)
+    eng.release(v)
+    assert y2.storage.evicted and w.storage.resident and eng.used_bytes == 3 * B
+    eng.get_value(y2)
+    assert y2.defined and y2.storage.resident
+    assert y.storage.evicted and not y.storage.dead  # recomputable again, from x
+    assert eng.stats.remat_ops == 2
+    assert eng.peak_bytes == eng.used_bytes == 4 * B
+
+
+@pytest.mark.parametrize("inplace", ["cow", "remat"])
+def test_a_recomputed_write_keeps_an_old_value_another_op_is_using(inplace):
+    # The same write, recomputed while an op that reads both y and y2 holds y: y stays
+    # where it is and the version takes a block of its own.
+    eng = Engine(math.inf, "lru", inplace=inplace)
+    x = eng.put(B)
+    (y,) = eng.apply("f", [x], [B], cost=1)
+    (y2,) = eng.apply("relu_", [y], [], mutated=[0], cost=1)
+    eng._evict(y2.storage)
+    (z,) = eng.apply("g", [y, y2], [B], cost=1)
+    assert y.storage.resident and y2.storage.resident and z.storage.resident
+    assert y.storage is not y2.storage

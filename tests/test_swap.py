@@ -181,8 +181,10 @@ def test_swapped_values_come_back_bitwise_equal(name, swap):
         assert torch.equal(p.grad, g)
 
 
-@pytest.mark.parametrize(("name", "swap"), [("mlp", "both"), ("gpt2", "only")])
-def test_a_recorded_run_with_swaps_replays_with_the_same_decisions(tmp_path, name, swap):
+# budgets where the live run reads swapped values back (at 0.5 the mlp's "both" run swaps
+# two out and needs neither again)
+@pytest.mark.parametrize(("name", "swap", "ratio"), [("mlp", "both", 0.45), ("gpt2", "only", 0.5)])
+def test_a_recorded_run_with_swaps_replays_with_the_same_decisions(tmp_path, name, swap, ratio):
     from membudget.sim import simulate
     from membudget.trace import load_trace
 
@@ -191,7 +193,7 @@ def test_a_recorded_run_with_swaps_replays_with_the_same_decisions(tmp_path, nam
     reset(model, state)
     with membudget.budget(10**10) as free:
         train_step(model, loss_fn)
-    budget = int(free.stats.peak_bytes * 0.5)
+    budget = int(free.stats.peak_bytes * ratio)
     path = tmp_path / "swap.jsonl.gz"
     reset(model, state)
     with membudget.budget(budget, swap=swap, record=path) as session:

@@ -456,12 +456,18 @@ class Engine:
 
         An output that is still resident, or dead, is produced again all the same, so its
         bytes are held by a temporary duplicate while the op runs (as a real recompute would).
-        With recomputable in-place, a new version takes its old value's block (see ``apply``).
+        With recomputable in-place, a new version takes its old value's block (see ``apply``),
+        and so does a recomputed one where its old value was recomputed for it alone.
         """
         alloc = self.allocator
         writes = p.mutated and not remat
-        reused = self._inplace_sources(p) if writes else NOTHING_REUSED
-        transfer = reused and self.inplace == "remat"  # the versions take the old blocks
+        if not p.mutated:
+            reused = NOTHING_REUSED
+        elif remat:
+            reused = self._rewritten(p, outputs)
+        else:
+            reused = self._inplace_sources(p)
+        transfer = reused and (remat or self.inplace == "remat")  # versions take old blocks
         placed: list[Storage] = []
         duplicates: list[Storage] | None = None
         try:
@@ -493,18 +499,16 @@ class Engine:
                 self._back_up()
                 if self._arriving:
                     self._await(p.inputs)
+            p.reused = reused
+            cost = self.executor.run(p, remat)
+            p.reused = NOTHING_REUSED
             if writes:
-                p.reused = reused
-                cost = self.executor.run(p, remat)
                 for t in p.versions:
                     t.storage.cost += p.cost
-                p.reused = NOTHING_REUSED
-                for old in reused.values():  # its data, or its bytes, are the new version's now
-                    self._evict(old, freed=not transfer)
-                    if not transfer:  # the eager eviction that its release would have made
-                        self.stats.eager_evictions += 1
-            else:
-                cost = self.executor.run(p, remat)
+            for old in reused.values():  # its data, or its bytes, are the new version's now
+                self._evict(old, freed=not transfer)
+                if not transfer:  # the eager eviction that its release would have made
+                    self.stats.eager_evictions += 1
         finally:
             if duplicates is not None:
                 for dup in duplicates:
@@ -535,6 +539,28 @@ class Engine:
                 self.stats.inplace_reuses += 1
             else:
                 self.stats.inplace_copies += 1
+        return out
+
+    def _rewritten(self, p: ComputePath, outputs: list[Tensor]) -> dict[Storage, Storage]:
+        """New version -> old value, for the writes of a recomputation that land in the old
+        value's block: where the version needs a block, only this op holds the old value (no
+        outer frame has it locked, no output of the op is a view of it) and it can be
+        recomputed again, so a policy could evict it here anyway; in "cow" mode also only
+        where nothing else depends on it. An old value recomputed for its write alone then
+        costs no second block, in the engine's accounting as in memory."""
+        remat = self.inplace == "remat"
+        inputs = p.inputs
+        out: dict[Storage, Storage] = {}
+        for i, version in zip(p.mutated, p.versions, strict=True):
+            old = inputs[i].storage
+            new = version.storage
+            if (not old.resident or old.pinned or old.tensors[0].producer is None
+                    or new.resident or new.dead or old in out.values()
+                    or old.locks != sum(t.storage is old for t in inputs)
+                    or any(t.storage is old for t in outputs)):  # a view it returns
+                continue
+            if remat or (old.ext_refs == 0 and all(c is new for c in old.children)):
+                out[new] = old
         return out
 
     # ------------------------------------------------------------------ memory

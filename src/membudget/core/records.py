@@ -121,8 +121,9 @@ class ComputePath:
     """How some tensors were computed: the op, its input tensors, its outputs and its cost.
 
     ``mutated`` lists the inputs the op writes; their new versions are the last outputs.
-    ``reused`` maps, while the op first runs, each new version whose write may overwrite its
-    old value to that old value's storage (the executor then writes in place).
+    ``reused`` maps, while the op runs, each new version whose write may overwrite its old
+    value to that old value's storage (the executor then writes in place): on its first run,
+    or on a recomputation that writes into the old value recomputed for it.
     """
 
     __slots__ = ("cost", "id", "inputs", "mutated", "op", "outputs", "pending", "reused")
