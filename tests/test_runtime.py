@@ -381,6 +381,26 @@ def test_session_stats_add_up_the_time_of_ops_and_of_recomputations():
     assert st.remat_seconds == pytest.approx(1e-3 * st.remat_ops)
 
 
+def test_a_cost_function_is_asked_once_per_signature_in_the_process():
+    """A session per step prices each op signature only in the first: the prices are kept
+    for the process, per cost function, and the steps' stats are the same."""
+    asked: list[str] = []
+
+    def cost(func, *_):
+        asked.append(str(func))
+        return 1e-3
+
+    x = torch.arange(6.0)
+    stats = []
+    for _ in range(3):
+        with Session("1 MiB", cost=cost) as session:
+            y = (x * 2.0).sin().sum()
+        stats.append((session.stats.ops, session.stats.op_seconds))
+    assert float(y) == pytest.approx(float((x * 2.0).sin().sum()))
+    assert sorted(asked) == ["aten.mul.Tensor", "aten.sin.default", "aten.sum.default"]
+    assert stats[0] == stats[1] == stats[2]
+
+
 def test_what_escapes_a_session_is_a_plain_value_after_it():
     x = torch.arange(4.0)
     with membudget.budget("1 MiB") as first:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import weakref
 from contextlib import nullcontext
 from time import perf_counter_ns
 from typing import Any
@@ -51,6 +52,10 @@ from membudget.runtime.sizing import (
     signature,
 )
 
+# cost function -> signature -> its price in ns, kept for the process as the layouts are: a
+# session per step would otherwise price every signature again (about 6 µs per op of GPT-2)
+PRICES: weakref.WeakKeyDictionary[OpTimer, dict[tuple, float]] = weakref.WeakKeyDictionary()
+
 CHECKS = ("default", "checksum", "none")  # what a recomputation is checked against
 
 
@@ -77,7 +82,7 @@ class TorchExecutor(Executor):
         # outputs of a first run that a meta kernel sized wrongly, with their real bytes: the
         # session has the engine resize them
         self.misfits: list[tuple[Tensor, int]] = []
-        self._priced: dict[tuple, float] = {}  # signature -> what ``cost`` says, in ns
+        self._priced = _prices(cost)  # signature -> what ``cost`` says, in ns
         self.mode: object | None = None  # the session's dispatch mode, which it sets
         self.link_ns_per_byte, self.link_launch = link
         # storage id -> its bytes in host memory (fake tensors, which hold none: the views)
@@ -107,8 +112,8 @@ class TorchExecutor(Executor):
         return layout.out_bytes, layout.out_alias, cost
 
     def _price(self, key: tuple, path: ComputePath, call: OpCall, layout: Layout) -> float:
-        """What the ``cost`` function says of this signature (asked once), in ns: its
-        arguments' values and meta tensors of the outputs' layout."""
+        """What the ``cost`` function says of this signature (asked once in the process), in
+        ns: its arguments' values and meta tensors of the outputs' layout."""
         cost = self._priced.get(key)
         if cost is None:
             args, kwargs = unflatten(self._leaves(path, call.leaves), call.spec)
@@ -395,6 +400,17 @@ class TorchExecutor(Executor):
         them) but not for the session itself, which is ``mode`` while it runs."""
         inside = _get_current_dispatch_mode() is self.mode
         return _pop_mode_temporarily() if inside else nullcontext()
+
+
+def _prices(cost: OpTimer | None) -> dict[tuple, float]:
+    """The process's prices from ``cost`` (a fresh table for a function that cannot be
+    weakly referenced, such as a bound method made for the call)."""
+    if cost is None:
+        return {}
+    try:
+        return PRICES.setdefault(cost, {})
+    except TypeError:
+        return {}
 
 
 def check_name(check: str) -> str:
