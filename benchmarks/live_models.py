@@ -80,6 +80,7 @@ THRASH_WALL = 20.0  # an attempt slower than this × the unlimited step counts a
 THRASH_COST = 50.0  # the engine stops one whose recomputation costs this × the step's ops
 LOSS = Callable[[nn.Module], torch.Tensor]
 FLOOR = ("params", "grads", "opt state")  # what the program holds through the whole step
+BEYOND = ("locked", "other pinned", "inputs/leaves")  # the rest of what is resident
 
 
 # ---------------------------------------------------------------------------- models
@@ -339,6 +340,9 @@ class Failure:
     locked_items: list[tuple[int, str]] = field(default_factory=list)  # (bytes, op and shape)
     op_inputs: int = -1  # resident bytes of the failing op's input storages (-1: not found)
     op_inputs_extra: int = -1  # of which outside the floor (not params, grads, opt state)
+    # the excess beyond the op's inputs by category: "locked" (inputs of the ops waiting on
+    # this one), "other pinned", "inputs/leaves"
+    beyond: Counter[str] = field(default_factory=Counter)
 
     @property
     def floor(self) -> int:
@@ -430,18 +434,20 @@ def breakdown(session: Session, case: Case, e: membudget.BudgetTooSmallError) ->
                 e.unevictable_bytes, int(e.budget_bytes), int(e.largest_free_bytes), 0,
                 bool(storages))
     parts: Counter[str] = Counter()
+    outside: dict[Storage, str] = {}  # resident storages outside the floor, by category
     for s in storages:
         if not s.resident or s.nbytes == 0:
             continue
         f.resident += s.nbytes
         cat = kind.get(s)
-        if cat is not None:
-            parts[cat] += s.nbytes
-        elif s.pinned:
-            parts["other pinned"] += s.nbytes
+        if cat is None:
+            cat = "other pinned" if s.pinned else "locked"
+        parts[cat] += s.nbytes
+        if cat not in FLOOR:
+            outside[s] = cat
+        if cat == "other pinned":
             f.other_pinned[producer_name(s)] += s.nbytes
-        else:
-            parts["locked"] += s.nbytes
+        elif cat == "locked":
             own = s.tensors and s.tensors[0].producer is not None \
                 and s.tensors[0].producer.op is e.op
             name = producer_name(s) + (" (its own outputs)" if own else "")
@@ -455,6 +461,9 @@ def breakdown(session: Session, case: Case, e: membudget.BudgetTooSmallError) ->
         ins = {t.storage for t in path.inputs if t.storage.resident}
         f.op_inputs = sum(s.nbytes for s in ins)
         f.op_inputs_extra = sum(s.nbytes for s in ins if kind.get(s) not in FLOOR)
+        for s, cat in outside.items():
+            if s not in ins:
+                f.beyond[cat] += s.nbytes
     return f
 
 
@@ -619,8 +628,9 @@ def top(c: Counter[str], n: int = 3) -> str:
 
 COLUMNS = ["model", "policy", "params MiB", "peak MiB", "smallest ratio", "overhead",
            "failing op below", "pinned+locked MiB", "floor MiB", "excess MiB", "request MiB",
-           "op inputs MiB", "excess beyond op inputs MiB", "what is locked (MiB)",
-           "other pinned (MiB)"]
+           "op inputs MiB", "excess beyond op inputs MiB",
+           "of which: waiting ops' inputs / other pinned / batch and leaves MiB",
+           "what is locked (MiB)", "other pinned (MiB)"]
 TEXT_COLUMNS = {"model", "policy", "failing op below", "what is locked (MiB)",
                 "other pinned (MiB)"}
 
@@ -646,6 +656,7 @@ def row(r: Result, s: Search) -> str:
         cells += [f"`{f.op}` ({f.phase}{', remat' if f.remat else ''}{frag})",
                   mib(f.resident), mib(f.floor), mib(f.excess), mib(f.request),
                   "—" if f.op_inputs < 0 else mib(f.op_inputs), mib(f.beyond_inputs),
+                  " / ".join(mib(f.beyond[k]) for k in BEYOND),
                   top(f.locked), top(f.other_pinned)]
     return "| " + " | ".join(cells) + " |"
 
@@ -692,9 +703,13 @@ def observations(results: list[Result]) -> list[str]:
                    "at that op without splitting it. "
                    + ", ".join(tight) + ".")
     for r, s, f in wide:
+        b = f.beyond
         out.append(f"- **{r.spec.name}/{s.policy}**: {mib(f.beyond_inputs)} MiB beyond floor "
                    f"and op inputs, {f.beyond_inputs / f.request:.1f}× the request of "
-                   f"`{f.op}` ({mib(f.request)} MiB); locked then: {items(f.locked_items, 8)}.")
+                   f"`{f.op}` ({mib(f.request)} MiB): {mib(b['locked'])} locked as inputs of "
+                   f"the ops waiting on this recomputation, {mib(b['other pinned'])} other "
+                   f"pinned ({top(f.other_pinned)}), {mib(b['inputs/leaves'])} the batch and "
+                   f"other leaves; locked then: {items(f.locked_items, 8)}.")
     if frag:
         out.append(f"- Fragmentation ({len(frag)} of {len(below)}; needed ≤ budget, no block "
                    "large enough): " + "; ".join(
@@ -740,11 +755,17 @@ def report(results: list[Result], quick: bool, seconds: float, command: str,
         "parameters + gradients + optimizer state resident then (gradients only as far as "
         "the backward had made them), excess = the rest; request = the failing op's "
         "`request_bytes`; op inputs = resident bytes of its input storages; excess beyond "
-        "op inputs = excess − its inputs outside the floor; locked / other pinned = top producing "
-        "ops; \"remat\": the failing op was a recomputation; \"fragmentation\": the budget "
-        "had room for the request but no block that large (coop's two-sided pool)",
-        "- the engine prices an op by its first measured run in the process, so a policy's "
-        "choices, and the smallest ratio by a grid step or two, can differ between runs",
+        "op inputs = excess − its inputs outside the floor; of which waiting ops' inputs = "
+        "locked storages that are not the failing op's inputs: inputs of the ops whose "
+        "recomputation (or run) waits on this one, locked since an op needs all its inputs "
+        "at once; other pinned = pinned storages outside the floor, in the backward the "
+        "values it made (gradients in flight, pinned by the runtime), batch and leaves = the "
+        "batch and buffers (each of the three not the failing op's inputs); locked / other pinned "
+        "= top producing ops; \"remat\": the failing op was a recomputation; "
+        "\"fragmentation\": the budget had room for the request but no block that large "
+        "(coop's two-sided pool)",
+        "- the sessions price ops with the cost model (`cost=\"model\"`, the default), so "
+        "the same budget makes the same decisions on every run; \"overhead\" is measured",
         f"- the engine's compiled `Storage` records seen by gc.get_objects(): {check}",
         "",
         "| " + " | ".join(COLUMNS) + " |",
