@@ -403,8 +403,8 @@ class TorchExecutor(Executor):
 
 
 def _prices(cost: OpTimer | None) -> dict[tuple, float]:
-    """The process's prices from ``cost`` (a fresh table for a function that cannot be
-    weakly referenced, such as a bound method made for the call)."""
+    """The process's prices from ``cost``; a function that cannot be weakly referenced (a
+    builtin) gets a table of its own."""
     if cost is None:
         return {}
     try:
