@@ -733,9 +733,10 @@ def report(results: list[Result], quick: bool, seconds: float, command: str,
              "failures their resident bytes summed to the error's `unevictable_bytes` exactly"
              + ("" if not off else " (off in: " + ", ".join(
                  f"{f.op} {mib(f.resident)} vs {mib(f.unevictable)}" for f in off[:5]) + ")")
-            + ("" if not off or not all(f.remat for f in off) else
-               "; each of those was a recomputation of an op with an output still resident, "
-               "for which the engine holds a temporary duplicate, freed as the error unwinds"))
+            + ("" if not off else
+               "; the breakdown is taken where the program catches the error, after the "
+               "engine's recomputation frames and autograd have let go of what they held "
+               "(in the CNN, a gradient in flight that a waiting op held locked)"))
     lines = [
         "# Live models: smallest completing budget and what fills memory at the failure", "",
         f"- date: {datetime.date.today().isoformat()}; torch {torch.__version__}, transformers "

@@ -564,7 +564,7 @@ def test_a_recomputed_write_keeps_an_old_value_another_op_is_using(inplace):
     x = eng.put(B)
     (y,) = eng.apply("f", [x], [B], cost=1)
     (y2,) = eng.apply("relu_", [y], [], mutated=[0], cost=1)
-    eng._evict(y2.storage)
+    assert eng.evict(y2)
     (z,) = eng.apply("g", [y, y2], [B], cost=1)
     assert y.storage.resident and y2.storage.resident and z.storage.resident
     assert y.storage is not y2.storage
