@@ -84,6 +84,14 @@ def test_budget_below_first_op_is_oom_with_bytes_needed(tmp_path):
     assert result.peak_bytes <= 300
 
 
+def test_cli_simulate_reports_no_overhead_for_a_run_that_stopped(tmp_path):
+    # at 300 B the first op cannot run: the text names what ran, not a negative overhead
+    run = _cli("simulate", str(_small_trace(tmp_path)), "--policy", "dtr", "--budget", "300")
+    assert run.returncode == 1
+    line = next(x for x in run.stdout.splitlines() if x.startswith("overhead"))
+    assert "none: the run stopped after executing" in line and "-" not in line
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "membudget.cli", *args], capture_output=True,
                           text=True, timeout=300)

@@ -171,8 +171,15 @@ def simulate(
     out.print(f"budget        {format_bytes(result.budget_bytes)} "
               f"(baseline peak {format_bytes(result.baseline_peak_bytes)})")
     out.print(f"peak          {format_bytes(result.peak_bytes)}")
-    out.print(f"overhead      {100 * result.overhead:.2f}% of baseline cost "
-              f"{result.baseline_cost:.4g}")
+    if result.status == "ok":
+        out.print(f"overhead      {100 * result.overhead:.2f}% of baseline cost "
+                  f"{result.baseline_cost:.4g}")
+    else:  # a partial run: its overhead says nothing of a complete one
+        base = result.baseline_cost or 1.0
+        out.print(f"overhead      none: the run stopped after executing "
+                  f"{100 * result.executed_cost / base:.1f}% of baseline cost "
+                  f"{result.baseline_cost:.4g}, recomputation "
+                  f"{100 * result.remat_cost / base:.1f}% of it")
     out.print(f"evictions     {result.evictions} (+{result.eager_evictions} on release), "
               f"remat ops {result.remat_ops}")
     x = result.extra
