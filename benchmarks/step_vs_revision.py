@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,15 +33,19 @@ BEFORE_SIZES_FIRST = "b6f11d3"
 
 def child(rounds: int, width: int) -> None:
     """One process: ``rounds`` paired session and eager steps; prints their ratios as JSON."""
-    import ctypes
-    import ctypes.util
     import gc
+    import importlib.util
     import time
     import warnings
 
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    libc.mallopt(-4, 0)  # M_MMAP_MAX: no mmap'd blocks
-    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: keep freed memory, as a device would
+    # this checkout's membudget.bench.malloc, by path: the earlier revision's package, on
+    # the path here, may not have it
+    spec = importlib.util.spec_from_file_location(
+        "_malloc", ROOT / "src" / "membudget" / "bench" / "malloc.py")
+    assert spec is not None and spec.loader is not None
+    malloc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(malloc)
+    malloc.keep_freed_memory()
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -62,10 +67,10 @@ def child(rounds: int, width: int) -> None:
         with membudget.budget(10**11, "dtr-eq"):
             step()
 
-    def timed(f: object) -> float:
+    def timed(f: Callable[[], None]) -> float:
         gc.collect()
         t0 = time.perf_counter()
-        f()  # type: ignore[operator]
+        f()
         return time.perf_counter() - t0
 
     step()
