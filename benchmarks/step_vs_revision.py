@@ -94,11 +94,16 @@ def build(rev: str, where: Path) -> Path:
         import mypy  # noqa: F401
     except ImportError:
         sys.exit("error: building the earlier core needs mypy: pip install mypy==2.4.1")
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(where),
-                    rev], check=True, capture_output=True)
-    print(f"building {rev}'s core with mypyc in {where} ...", flush=True)
-    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=where,
-                   check=True, capture_output=True)
+    steps = [(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(where), rev],
+              ROOT, f"check out {rev}"),
+             ([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], where,
+              f"build {rev}'s core with mypyc")]
+    for command, cwd, what in steps:
+        print(f"{what} ...", flush=True)
+        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+        if done.returncode:
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            sys.exit(f"error: could not {what}: {lines[-1] if lines else done.returncode}")
     return where / "src"
 
 
