@@ -178,8 +178,8 @@ def simulate(
         base = result.baseline_cost or 1.0
         out.print(f"overhead      none: the run stopped after executing "
                   f"{100 * result.executed_cost / base:.1f}% of baseline cost "
-                  f"{result.baseline_cost:.4g}, recomputation "
-                  f"{100 * result.remat_cost / base:.1f}% of it")
+                  f"{result.baseline_cost:.4g} (recomputation: "
+                  f"{100 * result.remat_cost / base:.1f}% of the baseline cost)")
     out.print(f"evictions     {result.evictions} (+{result.eager_evictions} on release), "
               f"remat ops {result.remat_ops}")
     x = result.extra
