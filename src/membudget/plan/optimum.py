@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from membudget.core.policies import SCHEDULE_CANDIDATES
 from membudget.errors import MembudgetError
 from membudget.plan import checkmate, interrupt
 from membudget.plan.remat_bound import lower_bound as relaxation_bound
@@ -31,8 +32,6 @@ from membudget.sim.evictions import EvictionPlan
 from membudget.sim.simulate import Baseline, measure_baseline, simulate
 from membudget.trace.format import Trace
 
-# the heuristics whose schedules are candidates (on the fungible pool)
-CANDIDATE_POLICIES = ("dtr-eq", "dtr", "dtr-local", "msps")
 CHECKMATE_MAX_VARIABLES = 400_000  # above this its program does not help within minutes
 PROVEN_GAP = 1e-6
 
@@ -136,7 +135,7 @@ def optimum(trace: Trace, *, budget: int | None = None, ratio: float | None = No
         if r.status == "ok":
             plans[source] = plan if plan is not None else r.eviction_plan  # type: ignore
 
-    for pol in CANDIDATE_POLICIES:
+    for pol in SCHEDULE_CANDIDATES:
         tell(f"scheduling: {pol}")
         run(pol, None, pol)
     if relax.drops:

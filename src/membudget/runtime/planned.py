@@ -2,10 +2,11 @@
 
 A training loop runs the same step again and again, so the decisions a dynamic session
 takes at every op can be taken once. In ``membudget.budget(..., mode="planned")`` the first
-step runs dynamically and is recorded (a trace in memory); when it ends, a *planner*
-(by default the simulator running the session's own policy on that trace, see
-:func:`simulated_plan`) turns it into an :class:`~membudget.sim.evictions.EvictionPlan` in a
-background thread, and the steps after it follow that plan: the values it lists for their
+step runs dynamically and is recorded (a trace in memory); when it ends, a *planner* (by
+default the cheapest schedule the simulator makes of that trace with the session's policy
+or another heuristic, see :func:`simulated_plan`) turns it into an
+:class:`~membudget.sim.evictions.EvictionPlan` in a background thread, and the steps after
+it follow that plan: the values it lists for their
 ``k``-th engine call are evicted around that call, with no search (:class:`PlanRun` says
 exactly when). The engine's policy still decides whatever the plan leaves open, so the
 budget holds whatever happens, and the values are the same whatever is evicted (gradients
@@ -68,16 +69,22 @@ def check_mode(mode: str) -> str:
 
 
 def simulated_plan(trace: Trace, budget_bytes: int, policy: str) -> EvictionPlan:
-    """The default planner: ``policy``'s own decisions on the recorded step, taken by the
-    simulator with the session's allocator and in-place mode, as a plan (the same
-    decisions the dynamic step would take, made ahead)."""
+    """The default planner: the cheapest schedule of the recorded step among ``policy``'s own
+    decisions and those of :data:`~membudget.core.policies.SCHEDULE_CANDIDATES`, each taken
+    by the simulator with the session's allocator and in-place mode on the step's own op
+    costs (a tie goes to ``policy``); the plan's ``source`` names the winner. If none
+    completes, ``policy``'s decisions as far as they went."""
+    from membudget.core.policies import SCHEDULE_CANDIDATES
     from membudget.sim.simulate import simulate
 
     head = trace.header
-    result = simulate(trace, policy, budget=budget_bytes, allocator=head.get("allocator"),
-                      inplace=head.get("inplace"), overhead_limit=None, record_plan=True)
-    assert result.eviction_plan is not None
-    return result.eviction_plan
+    runs = [simulate(trace, name, budget=budget_bytes, allocator=head.get("allocator"),
+                     inplace=head.get("inplace"), overhead_limit=None, record_plan=True)
+            for name in dict.fromkeys((policy, *SCHEDULE_CANDIDATES))]
+    done = [r for r in runs if r.status == "ok"]
+    best = min(done, key=lambda r: r.executed_cost) if done else runs[0]
+    assert best.eviction_plan is not None
+    return best.eviction_plan
 
 
 class StepPlan:
@@ -123,7 +130,7 @@ class PlanRun:
     again."""
 
     __slots__ = ("deferred", "diverged_at", "engine", "evicted", "k", "made", "plan", "plans",
-                 "policy", "sigs", "switches", "table")
+                 "policy", "sigs", "source", "switches", "table")
 
     def __init__(self, engine: Engine, plan: StepPlan | None, plans: Sequence[StepPlan],
                  record: bool) -> None:
@@ -136,6 +143,7 @@ class PlanRun:
         self.deferred = policy.deferred  # (the same list)
         self.plan = plan
         self.table = None if plan is None else plan.table  # None: nothing to follow (now)
+        self.source = None if plan is None else plan.plan.source  # the last plan's maker
         self.sigs: list[tuple] | None = [] if record else None
         self.made: list[list[Tensor]] = []  # each call's results, by call index
         self.k = 0  # the index of the next call
@@ -209,7 +217,7 @@ class PlanRun:
                 entry = table[k]
             else:
                 continue
-            self.plan, self.table = other, table
+            self.plan, self.table, self.source = other, table, other.plan.source
             self.switches += 1
             return entry
         self.diverged_at = k

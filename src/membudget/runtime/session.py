@@ -186,6 +186,7 @@ class Session(TorchDispatchMode, ContextDecorator):
         st.plan_switches = run.switches
         st.plan_divergences = int(run.diverged_at is not None)
         st.plan_diverged_at = run.diverged_at
+        st.plan_source = run.source
 
     def wait_for_plan(self, timeout: float | None = None) -> bool:
         """In planned mode, wait for the plan being made in the background (at most
@@ -496,8 +497,9 @@ def budget(nbytes: int | str, policy: str = "default", *, allocator: str | None 
     ``mode="planned"``: enter the same session once per step (``with session:`` in the
     loop, or as a decorator of the step function). The first step runs dynamically and is
     recorded; a plan of its evictions is made from it in a background thread
-    (``planner(trace, budget_bytes, policy) -> EvictionPlan``, by default the simulator
-    running ``policy`` on the step), and the steps after it follow the plan, with no search,
+    (``planner(trace, budget_bytes, policy) -> EvictionPlan``, by default the cheapest
+    schedule the simulator makes of the step with ``policy`` or another heuristic, which
+    ``stats.plan_source`` names), and the steps after it follow the plan, with no search,
     while their ops are the plan's; a step whose ops differ falls back to the policy from
     there and is planned in turn (up to ``max_plans`` kinds of step). See
     ``runtime.planned``."""

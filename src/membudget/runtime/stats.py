@@ -33,7 +33,9 @@ class SessionStats:
     step); ``plan_divergences`` is 1 if the step's calls stopped matching every plan, at
     call ``plan_diverged_at``, after which the policy decided alone; ``plan_switches``
     counts moves to another plan of the session that matched the step where the current
-    one did not; ``plan_recorded`` whether the step was recorded to be planned."""
+    one did not; ``plan_recorded`` whether the step was recorded to be planned;
+    ``plan_source`` what made the last plan it followed (the planner's ``source``: by
+    default the name of the policy whose schedule was cheapest)."""
 
     budget_bytes: int
     peak_bytes: int = 0
@@ -59,6 +61,7 @@ class SessionStats:
     plan_switches: int = 0
     plan_divergences: int = 0
     plan_diverged_at: int | None = None
+    plan_source: str | None = None
     moves: int = 0  # values copied to another address to merge free blocks (dtr-compact)
     moved_bytes: int = 0
     move_seconds: float = 0.0  # their measured copy time

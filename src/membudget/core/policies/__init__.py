@@ -35,6 +35,9 @@ SEEDED = {"random", "megengine", "megengine-sqrt"}
 #: pool it comes closest to what DTR reaches on the ideal fungible one (see
 #: docs/results/address-aware.md), and without addresses it is DTR.
 DEFAULT_POLICY = "dtr-compact"
+#: The heuristics whose schedules of a recorded step are compared by the planners (planned
+#: mode's default planner and ``membudget optimum``): the cheapest is followed.
+SCHEDULE_CANDIDATES = ("dtr-eq", "dtr", "dtr-local", "msps")
 
 
 def resolve_policy(name: str) -> str:
@@ -56,4 +59,5 @@ def make_policy(name: str, *, seed: int = 0, **options: Any) -> Policy:
         raise MembudgetError(f"bad options {options} for policy {name!r}: {e}") from None
 
 
-__all__ = ["DEFAULT_POLICY", "POLICIES", "Policy", "make_policy", "resolve_policy"]
+__all__ = ["DEFAULT_POLICY", "POLICIES", "SCHEDULE_CANDIDATES", "Policy", "make_policy",
+           "resolve_policy"]
