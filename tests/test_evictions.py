@@ -48,3 +48,22 @@ def test_a_malformed_plan_is_refused_with_the_expected_shape():
     from membudget.errors import MembudgetError
     with pytest.raises(MembudgetError, match="not an eviction plan"):
         EvictionPlan.from_json({"before": {"3": [[1]]}})
+
+
+@needs_logs
+def test_following_a_plan_while_recording_gives_a_plan_of_the_whole_run():
+    """A plan that leaves allocations to the policy (a looser run's), followed and recorded:
+    the recording holds the plan's evictions and the policy's, so it replays the whole run
+    with no search, whatever the fallback policy."""
+    tr = load_trace(f"{LOGS}::resnet32")
+    base = measure_baseline(tr)
+    loose = simulate(tr, "dtr-eq", ratio=0.6, baseline=base, record_plan=True)
+    tight = simulate(tr, "dtr-eq", ratio=0.4, baseline=base, plan=loose.eviction_plan,
+                     record_plan=True)
+    assert tight.status == "ok" and tight.extra["policy_searches"] > 0
+    whole = tight.eviction_plan
+    assert whole is not None and whole.evictions == tight.evictions
+    again = simulate(tr, "lru", ratio=0.4, baseline=base, plan=whole)
+    assert again.status == "ok" and again.extra["policy_searches"] == 0
+    assert again.executed_cost == pytest.approx(tight.executed_cost, rel=1e-12)
+    assert again.peak_bytes <= again.budget_bytes

@@ -125,6 +125,8 @@ def test_bounds_and_schedules_bracket_the_brute_force_optimum(seed):
             assert best == float("inf")
             continue
         assert r.lower_bound * base.cost <= best + 1e-6
+        # the static checkpointing a user would pick is among the schedules compared
+        assert {"chen-sqrt", "min-cut"} <= {c.source for c in r.candidates}
         if r.overhead is not None:  # a schedule the simulator ran: never below the optimum
             assert r.overhead * base.cost >= best - 1e-6
             check = simulate(tr, "lru", budget=budget, baseline=base, plan=r.plan)

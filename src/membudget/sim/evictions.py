@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,16 +72,20 @@ class PlanFollower:
     and whichever of them is still in memory when call ``k + 1`` comes is evicted then: a
     dynamic run and its recorded plan evict the same values at the same points. The engine's
     policy must be wrapped with :func:`plan_first`, which answers searches so; the live
-    runtime's planned mode follows plans the same way (``runtime/planned.py``)."""
+    runtime's planned mode follows plans the same way (``runtime/planned.py``).
+    ``noted`` is told each value it evicts itself (a recording of the run, which follows a
+    plan and adds the policy's own decisions to it)."""
 
-    def __init__(self, engine: Engine, plan: EvictionPlan) -> None:
+    def __init__(self, engine: Engine, plan: EvictionPlan, policy: PlanFirst | None = None,
+                 noted: Callable[[ValueKey], None] | None = None) -> None:
         self.engine = engine
         self.plan = plan
         self.wanted = plan.values()
         self.made: dict[ValueKey, Tensor] = {}  # only the values the plan names
         self.k = -1  # the call running
         self.evicted = 0  # victims still in memory at the next call, evicted then
-        policy = engine.policy
+        self.noted = noted
+        policy = policy or engine.policy
         assert isinstance(policy, PlanFirst), "wrap the engine's policy with plan_first"
         self.policy = policy
         policy.follower = self
@@ -94,6 +99,8 @@ class PlanFollower:
                 t = made.get(key)
                 if t is not None and t.storage.slot >= 0 and evict(t):
                     self.evicted += 1
+                    if self.noted is not None:
+                        self.noted(key)
         self.k = k
         deferred = self.policy.deferred
         deferred.clear()
@@ -173,6 +180,10 @@ class _Recording(_Wrapper):
                 self.before[self.call].append(key)
         return chosen
 
+    def note(self, key: ValueKey) -> None:
+        """A value evicted outside a search (by a plan followed): an eviction of this call."""
+        self.before[self.call].append(key)
+
 
 def recording_policy(policy: str | Policy, seed: int = 0) -> _Recording:
     """``policy`` wrapped so that its victims are noted; it keeps the policy's defaults."""
@@ -232,15 +243,22 @@ def plan_first(policy: str | Policy) -> PlanFirst:
 class DecisionRecorder:
     """Replay hooks that turn a policy's run into a plan (see :func:`membudget.sim.simulate`
     with ``record_plan=True``): every victim becomes an eviction before the call it was
-    picked for. Eager evictions of released values are the engine's, not the plan's."""
+    picked for. Eager evictions of released values are the engine's, not the plan's. With a
+    ``follower``, the run follows a plan too, and the recording holds the plan's evictions
+    and the policy's (a plan that replays the whole run with no search)."""
 
-    def __init__(self, policy: _Recording) -> None:
+    def __init__(self, policy: _Recording, follower: PlanFollower | None = None) -> None:
         self.policy = policy
+        self.follower = follower
 
     def before_call(self, k: int) -> None:
+        if self.follower is not None:  # (its evictions of call k - 1's leftovers noted first)
+            self.follower.before_call(k)
         self.policy.call = k
 
     def after_call(self, k: int, inputs: list[Tensor], results: list[Tensor]) -> None:
+        if self.follower is not None:
+            self.follower.after_call(k, inputs, results)
         keys = self.policy.keys
         for j, t in enumerate(results):
             s = t.storage

@@ -142,10 +142,11 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
     on ``allocator``'s pool, handling in-place writes by ``inplace`` (both default to what the
     policy was published with). ``on_engine`` sees the engine before the replay (to attach
     a recorder). ``plan`` evicts what it lists before each call, and ``policy`` decides only
-    what it leaves open; ``record_plan`` returns the run's decisions as a plan
-    (``eviction_plan``) that replays them. ``swap`` lets victims go to host memory
-    ("only", or "both" beside recomputation: see :class:`Engine`), copied over the host
-    link of the trace's device spec on copy streams that overlap the ops.
+    what it leaves open; ``record_plan`` returns the run's decisions (with ``plan``, its
+    evictions and the policy's) as a plan (``eviction_plan``) that replays them. ``swap``
+    lets victims go to host memory ("only", or "both" beside recomputation: see
+    :class:`Engine`), copied over the host link of the trace's device spec on copy streams
+    that overlap the ops.
 
     The run ends "ok", "oom" (nothing evictable was left for an allocation) or "thrashed"
     (recomputations, moves and waits for host copies cost more than ``overhead_limit - 1``
@@ -165,23 +166,25 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
         budget = int(base.peak_bytes * ratio)
     assert budget is not None
     limit = math.inf if overhead_limit is None else base.cost * (overhead_limit - 1)
-    if plan is not None and record_plan:
-        raise MembudgetError("give a plan to follow or record_plan, not both")
     pol = make_policy(policy, seed=seed, **(policy_options or {}))
-    recorder = DecisionRecorder(recording_policy(pol)) if record_plan else None
-    if recorder is not None:
-        pol = recorder.policy
-    elif plan is not None:
+    if plan is not None:
         pol = plan_first(pol)
+    recorder = DecisionRecorder(recording_policy(pol)) if record_plan else None
     if swap != "off" and (plan is not None or record_plan):
         raise NotImplementedError("eviction plans record drops only: follow or record one "
                                   "with swap='off'")
-    engine = Engine(budget, pol, allocator, copy_executor(trace.header), remat_cost_limit=limit,
+    engine = Engine(budget, recorder.policy if recorder is not None else pol, allocator,
+                    copy_executor(trace.header), remat_cost_limit=limit,
                     free_dead=semantics == "membudget", inplace=inplace, swap=swap, seed=seed)
-    hooks: CallHooks | None = recorder
-    follower = PlanFollower(engine, plan) if plan is not None else None
-    if follower is not None:
-        hooks = follower
+    follower = None
+    if plan is not None:
+        assert isinstance(pol, PlanFirst)
+        follower = PlanFollower(engine, plan, pol,
+                                recorder.policy.note if recorder is not None else None)
+    hooks: CallHooks | None = follower
+    if recorder is not None:
+        recorder.follower = follower
+        hooks = recorder
     if on_engine is not None:
         on_engine(engine)
     status, needed, message = "ok", None, ""
