@@ -7,9 +7,9 @@ Two sides, each proven by its own means:
   enough to help within the time limit). The best of them is ``lower_bound``.
 - *schedules*: every candidate is an eviction plan run by the simulator (the budget holds
   at every op, or the run does not count), so its overhead is the simulator's own. The
-  candidates are the DTR family's decisions, Checkmate's schedule, the relaxation's, and the
-  static baselines (``sim.baselines``: √n, per-block, selective, min-cut at the budget)
-  with dtr-eq evicting whatever else the budget needs.
+  candidates are those of :mod:`membudget.sim.schedules` (the DTR family's and msps's
+  decisions, static checkpointing with dtr-eq beyond it), Checkmate's schedule and the
+  relaxation's.
   The cheapest is ``overhead``.
 
 ``proven`` when they meet. Overheads are the simulator's: executed cost over the baseline
@@ -25,14 +25,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from membudget.core.policies import SCHEDULE_CANDIDATES
 from membudget.errors import MembudgetError
 from membudget.plan import checkmate, interrupt
 from membudget.plan.remat_bound import lower_bound as relaxation_bound
 from membudget.plan.remat_problem import RematProblem, remat_problem
-from membudget.sim.baselines import BASELINES, make_plan
 from membudget.sim.evictions import EvictionPlan
-from membudget.sim.simulate import Baseline, measure_baseline, simulate
+from membudget.sim.schedules import run_schedule, schedules
+from membudget.sim.simulate import Baseline, SimResult, measure_baseline
 from membudget.trace.format import Trace
 
 CHECKMATE_MAX_VARIABLES = 400_000  # above this its program does not help within minutes
@@ -131,31 +130,25 @@ def optimum(trace: Trace, *, budget: int | None = None, ratio: float | None = No
     candidates: list[Candidate] = []
     plans: dict[str, EvictionPlan] = {}
 
-    def run(source: str, plan: EvictionPlan | None, policy: str = "dtr-eq") -> None:
-        """Simulate a candidate: ``policy``'s decisions, or ``plan`` with ``policy`` deciding
-        what it leaves open; keep the whole run's evictions as a plan that replays it."""
-        r = simulate(trace, policy, budget=budget, baseline=base, allocator="fungible",
-                     inplace="cow", plan=plan, record_plan=True)
+    def keep(source: str, r: SimResult) -> None:
         candidates.append(Candidate(source, r.status, r.overhead if r.status == "ok" else None))
         if r.status == "ok":
             assert r.eviction_plan is not None
-            plans[source] = EvictionPlan(r.eviction_plan.before, source)
+            plans[source] = r.eviction_plan
 
-    for pol in SCHEDULE_CANDIDATES:
-        tell(f"scheduling: {pol}")
-        run(pol, None, pol)
+    def run(source: str, plan: EvictionPlan) -> None:
+        keep(source, run_schedule(trace, budget, source, "dtr-eq", plan, baseline=base,
+                                  allocator="fungible", inplace="cow"))
+
+    tell("scheduling: the candidate heuristics and static checkpointing")
+    for source, r in schedules(trace, budget, baseline=base, allocator="fungible",
+                               inplace="cow", until=deadline):
+        keep(source, r)
+        if interrupt.requested():
+            break
     if relax.drops:
         tell("scheduling: the relaxation's drops")
         run("relaxation", _plan_from_drops(relax.drops))
-    for name in BASELINES:  # the static checkpointing a user would pick, dtr-eq beyond it
-        if time.perf_counter() >= deadline or interrupt.requested():
-            break
-        tell(f"scheduling: {name}")
-        try:
-            static = make_plan(name, trace, **({"budget": budget} if name == "min-cut" else {}))
-        except MembudgetError:  # not for this trace (no backward marker, no attention)
-            continue
-        run(name, static)
     if checkmate.size(prob) > CHECKMATE_MAX_VARIABLES or time.perf_counter() >= deadline:
         timed_out = True
     elif not interrupt.requested():

@@ -69,20 +69,15 @@ def check_mode(mode: str) -> str:
 
 
 def simulated_plan(trace: Trace, budget_bytes: int, policy: str) -> EvictionPlan:
-    """The default planner: the cheapest schedule of the recorded step among ``policy``'s own
-    decisions and those of :data:`~membudget.core.policies.SCHEDULE_CANDIDATES`, each taken
-    by the simulator with the session's allocator and in-place mode on the step's own op
-    costs (a tie goes to ``policy``); the plan's ``source`` names the winner. If none
-    completes, ``policy``'s decisions as far as they went."""
-    from membudget.core.policies import SCHEDULE_CANDIDATES
-    from membudget.sim.simulate import simulate
+    """The default planner: the cheapest of the schedules :mod:`membudget.sim.schedules`
+    compares (``policy``'s own decisions, the other candidate heuristics', and static
+    checkpointing with ``policy`` beyond it), each simulated with the session's allocator
+    and in-place mode on the step's own op costs; the plan's ``source`` names it."""
+    from membudget.sim.schedules import cheapest
 
     head = trace.header
-    runs = [simulate(trace, name, budget=budget_bytes, allocator=head.get("allocator"),
-                     inplace=head.get("inplace"), overhead_limit=None, record_plan=True)
-            for name in dict.fromkeys((policy, *SCHEDULE_CANDIDATES))]
-    done = [r for r in runs if r.status == "ok"]
-    best = min(done, key=lambda r: r.executed_cost) if done else runs[0]
+    best = cheapest(trace, budget_bytes, policy, allocator=head.get("allocator"),
+                    inplace=head.get("inplace"))
     assert best.eviction_plan is not None
     return best.eviction_plan
 
