@@ -243,13 +243,13 @@ def plan_first(policy: str | Policy) -> PlanFirst:
 class DecisionRecorder:
     """Replay hooks that turn a policy's run into a plan (see :func:`membudget.sim.simulate`
     with ``record_plan=True``): every victim becomes an eviction before the call it was
-    picked for. Eager evictions of released values are the engine's, not the plan's. With a
+    picked for. Eager evictions of released values are the engine's, not the plan's. Given a
     ``follower``, the run follows a plan too, and the recording holds the plan's evictions
     and the policy's (a plan that replays the whole run with no search)."""
 
-    def __init__(self, policy: _Recording, follower: PlanFollower | None = None) -> None:
+    def __init__(self, policy: _Recording) -> None:
         self.policy = policy
-        self.follower = follower
+        self.follower: PlanFollower | None = None
 
     def before_call(self, k: int) -> None:
         if self.follower is not None:  # (its evictions of call k - 1's leftovers noted first)
