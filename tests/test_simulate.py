@@ -106,6 +106,26 @@ def test_overhead_limit_marks_thrashing():
     assert simulate(CHAIN, "lru", ratio=0.75).status == "ok"
 
 
+def test_a_deadline_passed_stops_the_run_at_its_next_search_for_room():
+    import time
+
+    r = simulate(CHAIN, "lru", ratio=0.75, deadline=time.perf_counter())
+    assert r.status == "timeout" and "out of time" in r.message
+    # with no allocation that needs room, a passed deadline stops nothing
+    assert simulate(CHAIN, "lru", ratio=1.0, deadline=time.perf_counter()).status == "ok"
+    assert simulate(CHAIN, "lru", ratio=0.75).status == "ok"
+
+
+def test_past_its_deadline_the_schedules_compared_are_the_policys_alone():
+    import time
+
+    from membudget.sim.schedules import schedules
+
+    runs = dict(schedules(DOC, 20_484, "dtr", until=time.perf_counter()))
+    assert list(runs) == ["dtr"] and runs["dtr"].status == "ok"
+    assert {"dtr", "dtr-eq", "msps", "chen-sqrt"} <= set(dict(schedules(DOC, 20_484, "dtr")))
+
+
 def test_simrd_keeps_released_leaves_resident():
     # A 100 B leaf released with nothing computed from it, then another 100 B leaf.
     # Baseline peak 100. membudget frees the first; simrd keeps released pinned storages.

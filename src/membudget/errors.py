@@ -79,6 +79,14 @@ class Thrashed(MembudgetError):
             f"overhead limit ({limit_cost:.4g}); raise the budget or the overhead limit")
 
 
+class OutOfTime(MembudgetError):
+    """A simulated run passed its wall-clock deadline (the run is judged as not completing)."""
+
+    def __init__(self, calls: int) -> None:
+        self.calls = calls
+        super().__init__(f"out of time after {calls:,} calls; give it a later deadline")
+
+
 class TraceError(MembudgetError, ValueError):
     """A trace that cannot be read or replayed; names the file and line."""
 

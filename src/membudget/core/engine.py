@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from time import perf_counter_ns
+from time import perf_counter, perf_counter_ns
 
 from membudget.core.allocators import Allocator, Block, make_allocator
 from membudget.core.allocators.fungible import LiftedAllocator
@@ -21,7 +21,7 @@ from membudget.core.policies import Policy, make_policy
 from membudget.core.pool import CandidatePool
 from membudget.core.records import NOTHING_REUSED, ComputePath, Storage, Tensor
 from membudget.core.stats import Stats
-from membudget.errors import EngineError, OutOfBudget, Thrashed
+from membudget.errors import EngineError, OutOfBudget, OutOfTime, Thrashed
 
 INPLACE_MODES = ("cow", "remat")
 SWAP_MODES = ("off", "only", "both")
@@ -45,7 +45,8 @@ class Engine:
 
     ``remat_cost_limit`` aborts the run with :class:`Thrashed` once recomputations, moves and
     waits for host copies have cost more than that (the simulator sets it from the overhead
-    limit and the baseline cost).
+    limit and the baseline cost). ``deadline`` (``time.perf_counter()`` seconds) aborts it
+    with :class:`OutOfTime` at the first allocation that needs room after it.
     ``free_dead`` frees for good a storage that nothing can need any more (no program
     reference, no live dependent); simrd's accounting instead keeps it in the graph as an
     evicted node, and keeps released pinned storages resident. ``keep_released_leaves=False``
@@ -79,7 +80,7 @@ class Engine:
                  allocator: Allocator | str | None = None, executor: Executor | None = None,
                  *, remat_cost_limit: float = math.inf, free_dead: bool = True,
                  keep_released_leaves: bool = True, inplace: str | None = None,
-                 swap: str = "off", seed: int = 0) -> None:
+                 swap: str = "off", seed: int = 0, deadline: float = math.inf) -> None:
         self.policy = make_policy(policy, seed=seed) if isinstance(policy, str) else policy
         allocator = allocator or self.policy.default_allocator
         self.allocator = (make_allocator(allocator, budget) if isinstance(allocator, str)
@@ -113,6 +114,7 @@ class Engine:
         self.stats = Stats()
         self.clock = 1.0
         self.remat_cost_limit = remat_cost_limit
+        self.deadline = deadline
         self.free_dead = free_dead
         self.keep_released_leaves = keep_released_leaves
         self.inplace = inplace
@@ -576,6 +578,8 @@ class Engine:
         victims = self.policy.victims
         searched = 0
         st = self.stats
+        if self.deadline != math.inf and perf_counter() > self.deadline:
+            raise OutOfTime(st.ops)
         st.failed_allocations += 1
         if alloc.capacity:
             st.fragmentation.append(alloc.free_bytes / alloc.capacity)

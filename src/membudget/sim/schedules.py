@@ -1,10 +1,11 @@
 """The schedules a planner compares for a recorded step under a budget.
 
 Each is a simulated run recorded as an eviction plan that replays it alone: the decisions of
-the session's policy and of :data:`~membudget.core.policies.SCHEDULE_CANDIDATES`, then each
-static checkpointing baseline that applies to the trace (:mod:`.baselines`: √n, per-block,
-selective, the min-cut at the budget), with the policy evicting whatever more the budget
-needs. Planned mode follows the cheapest; ``membudget optimum`` adds its solvers' schedules.
+the session's policy, each static checkpointing baseline that applies to the trace
+(:mod:`.baselines`: √n, per-block, selective, the min-cut at the budget) with the policy
+evicting whatever more the budget needs, and the decisions of the other
+:data:`~membudget.core.policies.SCHEDULE_CANDIDATES`. Planned mode follows the cheapest;
+``membudget optimum`` adds its solvers' schedules.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from membudget.trace.format import Trace
 def run_schedule(trace: Trace, budget: int, source: str, policy: str,
                  plan: EvictionPlan | None = None, *, allocator: str | None = None,
                  inplace: str | None = None, baseline: Baseline | None = None,
-                 overhead_limit: float | None = DEFAULT_OVERHEAD_LIMIT) -> SimResult:
+                 overhead_limit: float | None = DEFAULT_OVERHEAD_LIMIT,
+                 deadline: float = math.inf) -> SimResult:
     """One candidate: ``policy``'s decisions, or ``plan`` with ``policy`` deciding what it
     leaves open; its ``eviction_plan`` is the whole run's, named ``source``."""
     r = simulate(trace, policy, budget=budget, allocator=allocator, inplace=inplace,
-                 baseline=baseline, overhead_limit=overhead_limit, plan=plan, record_plan=True)
+                 baseline=baseline, overhead_limit=overhead_limit, plan=plan, record_plan=True,
+                 deadline=deadline)
     if r.eviction_plan is not None:
         r.eviction_plan = EvictionPlan(r.eviction_plan.before, source)
     return r
@@ -39,16 +42,18 @@ def schedules(trace: Trace, budget: int, policy: str = "dtr-eq", *,
               baseline: Baseline | None = None,
               overhead_limit: float | None = DEFAULT_OVERHEAD_LIMIT,
               until: float = math.inf) -> Iterator[tuple[str, SimResult]]:
-    """Each candidate schedule as (its source, its run by :func:`run_schedule`),
-    ``policy``'s first; the baselines only while ``time.perf_counter()`` is before
-    ``until``."""
+    """Each candidate schedule as (its source, its run by :func:`run_schedule`):
+    ``policy``'s, the baselines' (cheap to replay: their evictions are decided ahead), then
+    the other heuristics'. Past ``until`` (``time.perf_counter()``) no candidate starts and
+    a running one stops ("timeout"), except ``policy``'s, which always completes."""
 
-    def run(source: str, name: str, plan: EvictionPlan | None = None) -> SimResult:
+    def run(source: str, name: str, plan: EvictionPlan | None = None,
+            deadline: float = until) -> SimResult:
         return run_schedule(trace, budget, source, name, plan, allocator=allocator,
-                            inplace=inplace, baseline=baseline, overhead_limit=overhead_limit)
+                            inplace=inplace, baseline=baseline, overhead_limit=overhead_limit,
+                            deadline=deadline)
 
-    for name in dict.fromkeys((policy, *SCHEDULE_CANDIDATES)):
-        yield name, run(name, name)
+    yield policy, run(policy, policy, deadline=math.inf)
     for name in BASELINES:
         if time.perf_counter() >= until:
             return
@@ -57,6 +62,12 @@ def schedules(trace: Trace, budget: int, policy: str = "dtr-eq", *,
         except MembudgetError:  # not for this trace (no backward marker, no attention, ...)
             continue
         yield name, run(name, policy, static)
+    for name in SCHEDULE_CANDIDATES:
+        if name == policy:
+            continue
+        if time.perf_counter() >= until:
+            return
+        yield name, run(name, name)
 
 
 def cheapest(trace: Trace, budget: int, policy: str, *, allocator: str | None = None,

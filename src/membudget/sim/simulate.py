@@ -12,7 +12,7 @@ from membudget.core.allocators import make_allocator
 from membudget.core.engine import INPLACE_MODES, Engine, check_swap
 from membudget.core.executor import SimulatedExecutor
 from membudget.core.policies import make_policy, resolve_policy
-from membudget.errors import MembudgetError, OutOfBudget, Thrashed
+from membudget.errors import MembudgetError, OutOfBudget, OutOfTime, Thrashed
 from membudget.sim.evictions import (
     DecisionRecorder,
     EvictionPlan,
@@ -71,7 +71,7 @@ class SimResult:
     allocator: str
     inplace: str
     semantics: str
-    status: str  # "ok", "oom" or "thrashed"
+    status: str  # "ok", "oom", "thrashed" or (given a deadline) "timeout"
     ratio: float | None
     budget_bytes: int
     baseline_cost: float
@@ -137,7 +137,7 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
              inplace: str | None = None, policy_options: dict[str, Any] | None = None,
              on_engine: Callable[[Engine], object] | None = None,
              plan: EvictionPlan | None = None, record_plan: bool = False,
-             swap: str = "off") -> SimResult:
+             swap: str = "off", deadline: float = math.inf) -> SimResult:
     """Replay ``trace`` under a budget (bytes, or ``ratio`` × the baseline peak) with ``policy``
     on ``allocator``'s pool, handling in-place writes by ``inplace`` (both default to what the
     policy was published with). ``on_engine`` sees the engine before the replay (to attach
@@ -148,9 +148,9 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
     :class:`Engine`), copied over the host link of the trace's device spec on copy streams
     that overlap the ops.
 
-    The run ends "ok", "oom" (nothing evictable was left for an allocation) or "thrashed"
+    The run ends "ok", "oom" (nothing evictable was left for an allocation), "thrashed"
     (recomputations, moves and waits for host copies cost more than ``overhead_limit - 1``
-    times the baseline cost).
+    times the baseline cost) or "timeout" (``time.perf_counter()`` passed ``deadline``).
     """
     policy = resolve_policy(policy)
     allocator, inplace = check_config(policy, allocator, inplace, semantics, policy_options,
@@ -175,7 +175,8 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
                                   "with swap='off'")
     engine = Engine(budget, recorder.policy if recorder is not None else pol, allocator,
                     copy_executor(trace.header), remat_cost_limit=limit,
-                    free_dead=semantics == "membudget", inplace=inplace, swap=swap, seed=seed)
+                    free_dead=semantics == "membudget", inplace=inplace, swap=swap, seed=seed,
+                    deadline=deadline)
     follower = None
     if plan is not None:
         assert isinstance(pol, PlanFirst)
@@ -195,6 +196,8 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
         status, needed, message = "oom", e.needed_bytes, str(e)
     except Thrashed as e:
         status, message = "thrashed", str(e)
+    except OutOfTime as e:
+        status, message = "timeout", str(e)
     wall = time.perf_counter() - t0
     st = engine.stats
     executed_ops = st.ops + st.remat_ops
