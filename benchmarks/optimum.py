@@ -99,18 +99,30 @@ def main() -> None:
                 records.append({"trace": tr.name, "ratio": ratio, "status": "infeasible",
                                 "min_budget_bytes": e.minimum})
                 continue
-            cells, mine = [], {}
+            mine, status = {}, {}
             for m, opts in METHODS.items():
                 kw = {"allocator": "fungible", "inplace": "cow"} if opts is not None else {}
                 s = simulate(tr, m, ratio=ratio, baseline=base, **kw)
                 mine[m] = s.overhead if s.status == "ok" else None
-                cell = s.status if mine[m] is None else (
-                    f"{multiple(mine[m], r.overhead)} ({multiple(mine[m], r.lower_bound)})")
-                cells.append(cell)
-            rows.append(f"| {tr.name} | {ratio} | {fmt(r.lower_bound)} | {fmt(r.overhead)} | "
-                        f"{r.best or '—'} | {fmt(r.gap)} | {'yes' if r.proven else 'no'} | "
+                status[m] = s.status
+            rec = {**r.to_json(), "methods": mine}
+            for m, opts in METHODS.items():  # a run of the table the optimum's limit cut short
+                over = mine[m]
+                if opts is not None and over is not None and (rec["overhead"] is None
+                                                               or over < rec["overhead"]):
+                    lb = min(rec["lower_bound"], over)
+                    proven = over <= lb * (1 + 1e-9) + 1e-12
+                    rec.update(overhead=over, best=f"{m} (own run)", lower_bound=lb,
+                               gap=0.0 if over <= 0 else (over - lb) / over, proven=proven,
+                               status="optimal" if proven else "feasible")
+            cells = [status[m] if mine[m] is None else
+                     f"{multiple(mine[m], rec['overhead'])} "
+                     f"({multiple(mine[m], rec['lower_bound'])})" for m in METHODS]
+            rows.append(f"| {tr.name} | {ratio} | {fmt(rec['lower_bound'])} | "
+                        f"{fmt(rec['overhead'])} | {rec['best'] or '—'} | {fmt(rec['gap'])} | "
+                        f"{'yes' if rec['proven'] else 'no'} | "
                         + " | ".join(cells) + f" | {time.perf_counter() - t0:.0f} s |")
-            records.append({**r.to_json(), "methods": mine})
+            records.append(rec)
             print("  " + rows[-1], file=sys.stderr, flush=True)
     elapsed = time.perf_counter() - t_start
     head = ("| trace | ratio | lower bound | best schedule | from | gap | proven | "
@@ -127,7 +139,9 @@ def main() -> None:
         "Overheads are the simulator's (executed cost / baseline cost − 1). *lower bound*: "
         "proven, no schedule does better (the best of the gap relaxation and, where the "
         "step is small enough, Checkmate's MILP). *best schedule*: the cheapest schedule "
-        "found, run by the simulator (*from*: which candidate). *gap*: (best − bound) / "
+        "found, run by the simulator (*from*: which candidate; \"own run\": a method's "
+        "run of this table, on the same pool, that the optimum's time limit cut short "
+        "among its candidates). *gap*: (best − bound) / "
         "best. Method cells: overhead ÷ best schedule, and in brackets ÷ lower bound; the "
         "true multiple of the optimum lies between them.",
         "",

@@ -120,13 +120,6 @@ def optimum(trace: Trace, *, budget: int | None = None, ratio: float | None = No
         budget = int(base.peak_bytes * ratio)
     assert budget is not None
     deadline = t0 + time_limit
-    tell("bounding: the gap relaxation")
-    relax = relaxation_bound(prob, budget, time_limit=max(0.5, 0.25 * time_limit))
-    if not relax.feasible:
-        raise BudgetInfeasible(budget, relax.min_budget)
-    cost = base.cost or 1.0
-    bounds = {"relaxation": relax.cost / cost}
-    timed_out = not relax.exact
     candidates: list[Candidate] = []
     plans: dict[str, EvictionPlan] = {}
 
@@ -140,12 +133,21 @@ def optimum(trace: Trace, *, budget: int | None = None, ratio: float | None = No
         keep(source, run_schedule(trace, budget, source, "dtr-eq", plan, baseline=base,
                                   allocator="fungible", inplace="cow"))
 
+    # the schedules first, in half the time: a bound's solver may overrun its limit (HiGHS's
+    # MIP presolve ignores it), which must not cost the user the schedules
     tell("scheduling: the candidate heuristics and static checkpointing")
     for source, r in schedules(trace, budget, baseline=base, allocator="fungible",
-                               inplace="cow", until=deadline):
+                               inplace="cow", until=t0 + 0.5 * time_limit):
         keep(source, r)
         if interrupt.requested():
             break
+    tell("bounding: the gap relaxation")
+    relax = relaxation_bound(prob, budget, time_limit=max(0.5, 0.25 * time_limit))
+    if not relax.feasible:
+        raise BudgetInfeasible(budget, relax.min_budget)
+    cost = base.cost or 1.0
+    bounds = {"relaxation": relax.cost / cost}
+    timed_out = not relax.exact
     if relax.drops:
         tell("scheduling: the relaxation's drops")
         run("relaxation", _plan_from_drops(relax.drops))
