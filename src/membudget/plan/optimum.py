@@ -147,7 +147,7 @@ def optimum(trace: Trace, *, budget: int | None = None, ratio: float | None = No
         raise BudgetInfeasible(budget, relax.min_budget)
     cost = base.cost or 1.0
     bounds = {"relaxation": relax.cost / cost}
-    timed_out = not relax.exact
+    timed_out = not relax.exact or any(c.status == "timeout" for c in candidates)
     if relax.drops:
         tell("scheduling: the relaxation's drops")
         run("relaxation", _plan_from_drops(relax.drops))
