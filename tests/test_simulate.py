@@ -124,6 +124,8 @@ def test_past_its_deadline_the_schedules_compared_are_the_policys_alone():
     runs = dict(schedules(DOC, 20_484, "dtr", until=time.perf_counter()))
     assert list(runs) == ["dtr"] and runs["dtr"].status == "ok"
     assert {"dtr", "dtr-eq", "msps", "chen-sqrt"} <= set(dict(schedules(DOC, 20_484, "dtr")))
+    from membudget.sim.schedules import cheapest
+    assert cheapest(DOC, 20_484, "dtr", time_limit=0).eviction_plan.source == "dtr"
 
 
 def test_simrd_keeps_released_leaves_resident():

@@ -52,6 +52,9 @@ if TYPE_CHECKING:
     from membudget.sim.evictions import EvictionPlan
 
 MODES = ("dynamic", "planned")
+#: Seconds the default planner compares schedules for, beyond the policy's own (which it
+#: always has): it runs in a thread beside the training loop and shares its interpreter.
+PLAN_TIME_LIMIT = 10.0
 MAX_PLANS = 8  # plans kept per session (kinds of step), the least recently used dropped
 
 #: ``planner(trace, budget_bytes, policy) -> EvictionPlan``: the evictions for a recorded
@@ -72,12 +75,13 @@ def simulated_plan(trace: Trace, budget_bytes: int, policy: str) -> EvictionPlan
     """The default planner: the cheapest of the schedules :mod:`membudget.sim.schedules`
     compares (``policy``'s own decisions, the other candidate heuristics', and static
     checkpointing with ``policy`` beyond it), each simulated with the session's allocator
-    and in-place mode on the step's own op costs; the plan's ``source`` names it."""
+    and in-place mode on the step's own op costs, for :data:`PLAN_TIME_LIMIT` seconds at
+    most; the plan's ``source`` names it."""
     from membudget.sim.schedules import cheapest
 
     head = trace.header
     best = cheapest(trace, budget_bytes, policy, allocator=head.get("allocator"),
-                    inplace=head.get("inplace"))
+                    inplace=head.get("inplace"), time_limit=PLAN_TIME_LIMIT)
     assert best.eviction_plan is not None
     return best.eviction_plan
 

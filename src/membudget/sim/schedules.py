@@ -71,11 +71,15 @@ def schedules(trace: Trace, budget: int, policy: str = "dtr-eq", *,
 
 
 def cheapest(trace: Trace, budget: int, policy: str, *, allocator: str | None = None,
-             inplace: str | None = None, overhead_limit: float | None = None) -> SimResult:
+             inplace: str | None = None, overhead_limit: float | None = None,
+             time_limit: float = math.inf) -> SimResult:
     """The completed schedule of least executed cost (a tie goes to the earlier: ``policy``
-    first), or ``policy``'s own run if none completes."""
+    first), or ``policy``'s own run if none completes; candidates past ``time_limit``
+    seconds are not compared."""
+    until = time.perf_counter() + time_limit
     runs = [r for _, r in schedules(trace, budget, policy, allocator=allocator,
-                                    inplace=inplace, overhead_limit=overhead_limit)]
+                                    inplace=inplace, overhead_limit=overhead_limit,
+                                    until=until)]
     done = [r for r in runs if r.status == "ok"]
     return min(done, key=lambda r: r.executed_cost) if done else runs[0]
 
