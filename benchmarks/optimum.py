@@ -105,24 +105,16 @@ def main() -> None:
                 s = simulate(tr, m, ratio=ratio, baseline=base, **kw)
                 mine[m] = s.overhead if s.status == "ok" else None
                 status[m] = s.status
-            rec = {**r.to_json(), "methods": mine}
             for m, opts in METHODS.items():  # a run of the table the optimum's limit cut short
-                over = mine[m]
-                if opts is not None and over is not None and (rec["overhead"] is None
-                                                               or over < rec["overhead"]):
-                    lb = min(rec["lower_bound"], over)
-                    proven = over <= lb * (1 + 1e-9) + 1e-12
-                    rec.update(overhead=over, best=f"{m} (own run)", lower_bound=lb,
-                               gap=0.0 if over <= 0 else (over - lb) / over, proven=proven,
-                               status="optimal" if proven else "feasible")
+                if opts is not None and mine[m] is not None:
+                    r = r.beside(f"{m} (own run)", mine[m])
             cells = [status[m] if mine[m] is None else
-                     f"{multiple(mine[m], rec['overhead'])} "
-                     f"({multiple(mine[m], rec['lower_bound'])})" for m in METHODS]
-            rows.append(f"| {tr.name} | {ratio} | {fmt(rec['lower_bound'])} | "
-                        f"{fmt(rec['overhead'])} | {rec['best'] or '—'} | {fmt(rec['gap'])} | "
-                        f"{'yes' if rec['proven'] else 'no'} | "
+                     f"{multiple(mine[m], r.overhead)} ({multiple(mine[m], r.lower_bound)})"
+                     for m in METHODS]
+            rows.append(f"| {tr.name} | {ratio} | {fmt(r.lower_bound)} | {fmt(r.overhead)} | "
+                        f"{r.best or '—'} | {fmt(r.gap)} | {'yes' if r.proven else 'no'} | "
                         + " | ".join(cells) + f" | {time.perf_counter() - t0:.0f} s |")
-            records.append(rec)
+            records.append({**r.to_json(), "methods": mine})
             print("  " + rows[-1], file=sys.stderr, flush=True)
     elapsed = time.perf_counter() - t_start
     head = ("| trace | ratio | lower bound | best schedule | from | gap | proven | "

@@ -208,3 +208,17 @@ def test_a_value_pinned_then_read_is_counted_once():
     p = remat_problem(tr)
     assert p.live_bytes().max() == measure_baseline(tr).peak_bytes
     assert [(v.call, v.needs) for v in p.values if v.call == 0] == [(0, [0.5])]
+
+
+def test_a_cheaper_schedule_run_elsewhere_becomes_the_best_with_the_same_rules():
+    from dataclasses import replace
+
+    tr = tiny_step(3)
+    r = optimum(tr, budget=measure_baseline(tr).peak_bytes - 64, time_limit=10)
+    r = replace(r, overhead=0.5, lower_bound=0.2, gap=0.6, proven=False, status="feasible")
+    assert r.beside("elsewhere", 0.6) is r  # dearer: nothing changes
+    b = r.beside("elsewhere", 0.4)
+    assert (b.best, b.gap, b.proven, b.status, b.plan) == ("elsewhere", 0.5, False,
+                                                           "feasible", None)
+    b = r.beside("elsewhere", 0.2)  # at the bound: proven
+    assert (b.gap, b.proven, b.status) == (0.0, True, "optimal")

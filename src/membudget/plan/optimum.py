@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from membudget.errors import MembudgetError
@@ -88,6 +88,26 @@ class OptimumResult:
         out = asdict(self)
         del out["plan"]
         return out
+
+    def beside(self, source: str, overhead: float) -> OptimumResult:
+        """This result with a schedule run elsewhere (its plan unknown here) as the best, if
+        it is cheaper than the best here."""
+        if self.overhead is not None and overhead >= self.overhead:
+            return self
+        lb, gap, proven, status = _settle(self.lower_bound, overhead, self.bound_violated)
+        return replace(self, overhead=overhead, best=source, lower_bound=lb, gap=gap,
+                       proven=proven, status=status, plan=None)
+
+
+def _settle(lb: float, over: float | None,
+            violated: bool) -> tuple[float, float | None, bool, str]:
+    """The bound, gap, proof and status of best schedule ``over`` against bound ``lb``."""
+    if over is None:
+        return lb, None, False, "no-schedule"
+    lb = min(lb, over)
+    gap = 0.0 if over <= 0 else (over - lb) / over
+    proven = gap <= PROVEN_GAP and not violated
+    return lb, gap, proven, "optimal" if proven else "feasible"
 
 
 def _plan_from_drops(drops: list) -> EvictionPlan:
@@ -172,13 +192,7 @@ def optimum(trace: Trace, *, budget: int | None = None, ratio: float | None = No
         warnings.warn(f"{trace.name}: a lower bound ({lb:.6g}) exceeds a simulated schedule "
                       f"({over:.6g}); the bound is not valid here (a bug): nothing is proven",
                       RuntimeWarning, stacklevel=2)
-    if over is not None:
-        lb = min(lb, over)
-        gap = 0.0 if over <= 0 else (over - lb) / over
-        proven = gap <= PROVEN_GAP and not violated
-        status = "optimal" if proven else "feasible"
-    else:
-        gap, proven, status = None, False, "no-schedule"
+    lb, gap, proven, status = _settle(lb, over, violated)
     interrupted = interrupt.requested()
     return OptimumResult(
         trace.name, budget, ratio, base.cost, base.peak_bytes, status, over, lb, proven, gap,

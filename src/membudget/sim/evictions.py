@@ -70,13 +70,13 @@ class PlanFollower:
     the allocations that need room from just before call ``k`` to just before call
     ``k + 1`` (call ``k``'s outputs and the recomputations it needs), in the plan's order,
     and whichever of them is still in memory when call ``k + 1`` comes is evicted then: a
-    dynamic run and its recorded plan evict the same values at the same points. The engine's
-    policy must be wrapped with :func:`plan_first`, which answers searches so; the live
-    runtime's planned mode follows plans the same way (``runtime/planned.py``).
-    ``noted`` is told each value it evicts itself (a recording of the run, which follows a
-    plan and adds the policy's own decisions to it)."""
+    dynamic run and its recorded plan evict the same values at the same points. ``policy`` is
+    the engine's policy wrapped with :func:`plan_first` (under a recording, if any), which
+    answers searches so; the live runtime's planned mode follows plans the same way
+    (``runtime/planned.py``). ``noted`` is told each value it evicts itself (a recording of
+    the run, which follows a plan and adds the policy's own decisions to it)."""
 
-    def __init__(self, engine: Engine, plan: EvictionPlan, policy: PlanFirst | None = None,
+    def __init__(self, engine: Engine, plan: EvictionPlan, policy: PlanFirst,
                  noted: Callable[[ValueKey], None] | None = None) -> None:
         self.engine = engine
         self.plan = plan
@@ -85,8 +85,6 @@ class PlanFollower:
         self.k = -1  # the call running
         self.evicted = 0  # victims still in memory at the next call, evicted then
         self.noted = noted
-        policy = policy or engine.policy
-        assert isinstance(policy, PlanFirst), "wrap the engine's policy with plan_first"
         self.policy = policy
         policy.follower = self
 
