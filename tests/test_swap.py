@@ -24,9 +24,13 @@ B = 100
 LOGS = Path(__file__).resolve().parents[1].parent / "shared" / "dtr-logs" / "logs.zip"
 
 
-def executor(overlap: bool) -> SimulatedExecutor:
-    """A host link that copies one byte per cost unit each way, no launch cost."""
-    return SimulatedExecutor(link_ns_per_byte=1.0, overlap=overlap)
+def executor(overlap: bool, pinned: bool = False) -> SimulatedExecutor:
+    """A host link that copies one byte per cost unit each way, no launch cost; ``pinned``:
+    leaves and pinned outputs may go to the host too (the simulator's default; most tests
+    here follow activations alone)."""
+    ex = SimulatedExecutor(link_ns_per_byte=1.0, overlap=overlap)
+    ex.swaps_pinned = pinned
+    return ex
 
 
 def chain(eng: Engine, n: int, cost: float) -> list:
@@ -205,3 +209,38 @@ def test_a_recorded_run_with_swaps_replays_with_the_same_decisions(tmp_path, nam
     assert (sim.evictions, sim.remat_ops, sim.extra["swap_outs"], sim.extra["swap_ins"],
             sim.peak_bytes) == (live.evictions, live.remat_ops, live.swap_outs, live.swap_ins,
                                 live.peak_bytes)
+
+
+def test_pinned_values_go_to_the_host_never_dropped_where_the_executor_owns_them():
+    # Budget = 2 leaves: the third put sends one of the first two to the host (a parameter
+    # has no history: swapping is its only way out); reading it sends the other. An output
+    # pinned as unsafe to recompute leaves for the host too, though recomputing it (cost 10)
+    # is cheaper than the copies.
+    eng = Engine(2 * B, "lru", "fungible", executor(overlap=False, pinned=True), swap="both")
+    a, b, c = eng.put(B), eng.put(B), eng.put(B)
+    (gone,) = [x for x in (a, b) if x.storage.swapped]
+    (kept,) = [x for x in (a, b) if x is not gone]
+    assert not gone.storage.evicted and kept.defined and c.defined
+    eng.get_value(gone)
+    assert gone.defined and kept.storage.swapped + c.storage.swapped == 1
+    assert eng.peak_bytes <= 2 * B and eng.stats.swap_ins == 1
+    (y,) = eng.apply("op", [gone], [B], cost=10.0)
+    eng.pin(y)
+    assert eng.evict(y) and y.storage.swapped and not y.storage.evicted
+    eng.get_value(y)
+    assert y.defined and eng.stats.remat_ops == 0
+
+
+def test_pinned_values_stay_where_the_executor_does_not_own_them():
+    # Recomputation alone, or an executor that does not own the program's parameters (the
+    # live runtime's), cannot free a leaf: three leaves need three blocks.
+    from membudget.errors import OutOfBudget
+    from membudget.runtime.executor import TorchExecutor
+
+    assert not TorchExecutor().swaps_pinned
+    for eng in (Engine(2 * B, "lru", "fungible", executor(False, pinned=True), swap="off"),
+                Engine(2 * B, "lru", "fungible", executor(False, pinned=False), swap="both")):
+        eng.put(B)
+        eng.put(B)
+        with pytest.raises(OutOfBudget, match="pinned"):
+            eng.put(B)

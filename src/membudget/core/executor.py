@@ -48,6 +48,10 @@ class Executor(ABC):
     #: whether host copies run on copy streams of their own, beside the ops (the engine then
     #: backs values up to the host while the link is idle, and only waits for unfinished copies)
     overlaps: bool = False
+    #: whether a pinned storage (a parameter, optimizer state, an output that cannot be
+    #: recomputed) may leave for the host too: only where the executor owns its bytes (a
+    #: simulated device does; a live runtime does not own the program's parameters)
+    swaps_pinned: bool = False
 
     def transfer(self, storage: Storage) -> float:
         """What copying the bytes of ``storage`` over the host link costs, one way."""
@@ -85,7 +89,9 @@ class SimulatedExecutor(Executor):
     A host copy costs ``link_launch + nbytes · link_ns_per_byte`` each way. With ``overlap``
     the copies to and from the host run on two copy streams (the link is full duplex), each a
     queue: the ops wait only for a copy they need that has not finished. Without it every
-    copy stalls the ops for its whole time (a synchronous copy, as the live runtime makes)."""
+    copy stalls the ops for its whole time (a synchronous copy, as the live runtime makes).
+    Pinned storages may be swapped too, as ZeRO-Offload swaps optimizer state: the simulated
+    device owns every byte it counts."""
 
     def __init__(self, copy_ns_per_byte: float = 0.0, copy_launch: float = 0.0,
                  link_ns_per_byte: float = 0.0, link_launch: float = 0.0,
@@ -95,6 +101,7 @@ class SimulatedExecutor(Executor):
         self.link_ns_per_byte = link_ns_per_byte
         self.link_launch = link_launch
         self.overlaps = overlap
+        self.swaps_pinned = True
         self.d2h = 0.0  # when the stream of copies to the host is next free
         self.h2d = 0.0  # and that of copies back
 

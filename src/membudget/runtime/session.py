@@ -233,9 +233,11 @@ class Session(TorchDispatchMode, ContextDecorator):
                 "allocator": getattr(self, "allocator_name", self.allocator),
                 "inplace": getattr(self, "inplace_name", self.inplace),
                 "budget_bytes": self.budget_bytes, "swap": self.swap,
-                # what its host copies were priced at: copied in turn, not overlapped
+                # what its host copies were priced at: copied in turn, not overlapped, and
+                # never of pinned storages (the program owns its parameters)
                 **({"host_link": {"ns_per_byte": self.link[0], "launch_ns": self.link[1],
-                                  "overlap": False}} if self.swap != "off" else {})}
+                                  "overlap": False, "pinned": False}}
+                   if self.swap != "off" else {})}
 
     # ------------------------------------------------------------------ the program's side
     def adopt(self, tensors: Any) -> None:

@@ -3,10 +3,14 @@ with at least one eviction), found by bisection on the budget ratio."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from membudget.core.engine import Engine
+from membudget.core.records import Tensor
+from membudget.sim.replay import replay
 from membudget.sim.simulate import (
     DEFAULT_OVERHEAD_LIMIT,
     Baseline,
@@ -17,6 +21,29 @@ from membudget.sim.simulate import (
 from membudget.trace.format import Trace
 
 MAX_RATIO = 4.0  # a layout-aware pool may need more than the fungible peak
+
+
+class _LargestOp:
+    """Call hooks that keep the most bytes one call held: its inputs and outputs."""
+
+    def __init__(self) -> None:
+        self.most = 0
+
+    def before_call(self, k: int) -> None:
+        pass
+
+    def after_call(self, k: int, inputs: list[Tensor], results: list[Tensor]) -> None:
+        held = {t.storage for t in inputs} | {t.storage for t in results}
+        self.most = max(self.most, sum(s.nbytes for s in held))
+
+
+def op_floor(trace: Trace) -> int:
+    """The most bytes one op of ``trace`` holds at once, its distinct inputs and outputs
+    (a new version of a value it writes included): no budget below this completes,
+    whatever is recomputed or swapped."""
+    hooks = _LargestOp()
+    replay(Engine(math.inf, "lru"), trace.events, trace.path, hooks)
+    return hooks.most
 
 
 @dataclass
