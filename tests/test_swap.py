@@ -211,24 +211,29 @@ def test_a_recorded_run_with_swaps_replays_with_the_same_decisions(tmp_path, nam
                                 live.peak_bytes)
 
 
-def test_pinned_values_go_to_the_host_never_dropped_where_the_executor_owns_them():
-    # Budget = 2 leaves: the third put sends one of the first two to the host (a parameter
-    # has no history: swapping is its only way out); reading it sends the other. An output
-    # pinned as unsafe to recompute leaves for the host too, though recomputing it (cost 10)
-    # is cheaper than the copies.
+def test_pinned_values_go_to_the_host_as_a_last_resort_never_dropped():
+    # Budget = 2 blocks. u (0 B) moves the clock: x is last used at 1, then y at 4+10.
+    # y is pinned as unsafe to recompute, though recomputing it (cost 10) would cost less
+    # than its copies (200). With no candidate left, the put of z sends the least
+    # recently used pinned storage, x, to the host; reading x back then sends y (z was
+    # read later), and reading y sends z: nothing is ever dropped or recomputed.
     eng = Engine(2 * B, "lru", "fungible", executor(overlap=False, pinned=True), swap="both")
-    a, b, c = eng.put(B), eng.put(B), eng.put(B)
-    (gone,) = [x for x in (a, b) if x.storage.swapped]
-    (kept,) = [x for x in (a, b) if x is not gone]
-    assert not gone.storage.evicted and kept.defined and c.defined
-    eng.get_value(gone)
-    assert gone.defined and kept.storage.swapped + c.storage.swapped == 1
-    assert eng.peak_bytes <= 2 * B and eng.stats.swap_ins == 1
-    (y,) = eng.apply("op", [gone], [B], cost=10.0)
+    x = eng.put(B)
+    eng.apply("op0", [x], [0], cost=3.0)
+    (y,) = eng.apply("op", [x], [B], cost=10.0)
     eng.pin(y)
-    assert eng.evict(y) and y.storage.swapped and not y.storage.evicted
+    z = eng.put(B)
+    assert x.storage.swapped and y.defined and z.defined
+    eng.apply("op1", [z], [0], cost=1.0)
+    eng.apply("op2", [z], [0], cost=1.0)
+    eng.get_value(x)
+    assert x.defined and y.storage.swapped and z.defined
     eng.get_value(y)
-    assert y.defined and eng.stats.remat_ops == 0
+    assert y.defined and z.storage.swapped
+    st = eng.stats
+    assert (st.swap_outs, st.swap_ins, st.remat_ops) == (3, 2, 0)
+    assert not any(t.storage.evicted for t in (x, y, z)) and eng.peak_bytes <= 2 * B
+    assert not eng.evict(x)  # not a candidate of the policy's: only room can send it
 
 
 def test_pinned_values_stay_where_the_executor_does_not_own_them():

@@ -69,9 +69,10 @@ class Engine:
     "only": it is copied to host memory and copied back (no compute history is kept, so
     nothing is ever recomputed). "both": whichever is cheaper to undo, its recomputation or
     the copies (see ``_return_cost``); every policy then weighs that price. Where the
-    executor owns the bytes of pinned storages (``swaps_pinned``: the simulator), they are
-    candidates too, and always leave for the host: parameters and optimizer state that a
-    stretch of the step does not read need not hold device memory. Copies are
+    executor owns the bytes of pinned storages (``swaps_pinned``: the simulator), they go to
+    the host as a last resort, when no candidate is left and room is still short: the
+    least recently used first (as ZeRO-Offload keeps optimizer state on the host), so a run
+    that fits without them makes the same decisions as before. Copies are
     priced, and run, by the executor; the ops' waits for them count in the overhead. An
     executor whose copies overlap the ops gets values backed up to the host ahead of need,
     oldest first, whenever its link is idle and memory has run short once, and swapped
@@ -99,8 +100,9 @@ class Engine:
         self.executor = executor if executor is not None else SimulatedExecutor()
         self.pool = CandidatePool(track_free_adj=self.policy.reads_free_adj)
         self.swap = swap
-        # pinned storages are candidates too, to be swapped (never dropped)
-        self.swap_pinned = swap != "off" and self.executor.swaps_pinned
+        # pinned storages, for swapping when nothing else can go (pruned as they die)
+        self._pinned: list[Storage] | None = (
+            [] if swap != "off" and self.executor.swaps_pinned else None)
         self.history = swap != "only"  # compute paths link their outputs to their inputs
         # the tensors of each swapped storage that were materialized when it left
         self._held: dict[Storage, list[Tensor]] = {}
@@ -156,6 +158,8 @@ class Engine:
             raise EngineError(f"a tensor cannot have {nbytes} bytes")
         s = Storage(self._next_id(), int(nbytes), kind)
         s.pinned = True
+        if self._pinned is not None:
+            self._pinned.append(s)
         t = Tensor(self._next_id(), s, None, alias=False)
         s.tensors.append(t)
         self._allocate(s, "put")
@@ -163,8 +167,6 @@ class Engine:
         t.defined = True
         s.last_access = self.clock
         t.ext_refs = s.ext_refs = 1
-        if self.swap_pinned and s.nbytes > 0:
-            self.pool.add(s)
         return t
 
     def apply(self, op: object, inputs: Sequence[Tensor], out_bytes: Sequence[int] | None,
@@ -276,6 +278,8 @@ class Engine:
             old = inputs[k].storage
             s = Storage(ids + 1, old.nbytes, old.kind)
             s.pinned = old.pinned
+            if s.pinned and self._pinned is not None:
+                self._pinned.append(s)
             s.last_access = clock
             ids += 2
             t = Tensor(ids, s, path, False)
@@ -606,6 +610,13 @@ class Engine:
                 relocate = False
                 t0 = perf_counter_ns()
             if not pool.items:
+                last = self._last_resort()
+                if last is not None:
+                    self._swap_out(last)
+                    st.evictions += 1
+                    if alloc.allocate(s):
+                        break
+                    continue
                 raise OutOfBudget(op=op, request_bytes=alloc.block_bytes(s.nbytes),
                                   unevictable_bytes=alloc.used, budget_bytes=alloc.capacity,
                                   largest_free_bytes=alloc.largest_free_block(),
@@ -652,16 +663,29 @@ class Engine:
         price = self.executor.transfer(s)
         if s.host_ready == math.inf:
             price *= 2
-        return price if not self.history or s.pinned else min(s.cost, price)
+        return price if not self.history else min(s.cost, price)
+
+    def _last_resort(self) -> Storage | None:
+        """The least recently used pinned storage that can go to the host now (resident,
+        holding bytes, no op using it), if pinned storages may go at all."""
+        pinned = self._pinned
+        if pinned is None:
+            return None
+        pinned[:] = [s for s in pinned if not s.dead]
+        best: Storage | None = None
+        for s in pinned:
+            if (s.resident and s.locks == 0 and s.nbytes > 0
+                    and (best is None or s.last_access < best.last_access)):
+                best = s
+        return best
 
     def _let_go(self, s: Storage) -> None:
         """Evict the victim ``s``: to host memory where the copies cost less than its own
-        recomputation (or are the only way back, as for a pinned one), else dropped. (Its
-        evicted ancestors' recomputation is not counted: they are often back, or recomputed
-        for another value, by the time ``s`` is needed; counting them sent every victim to
-        the host and stalled on the link, 3-5× the recomputation on the zoo.)"""
-        if self.swap == "off" or (self.history and not s.pinned
-                                  and self._return_cost(s) >= s.cost):
+        recomputation (or are the only way back), else dropped. (Its evicted ancestors'
+        recomputation is not counted: they are often back, or recomputed for another
+        value, by the time ``s`` is needed; counting them sent every victim to the host
+        and stalled on the link, 3-5× the recomputation on the zoo.)"""
+        if self.swap == "off" or (self.history and self._return_cost(s) >= s.cost):
             if self._arriving:
                 self._arriving.pop(s, None)
             self._evict(s)
@@ -723,7 +747,7 @@ class Engine:
             t.defined = True
         self.stats.swap_ins += 1
         self._touch(s)
-        if (not s.pinned or self.swap_pinned) and s.nbytes > 0 and s.slot < 0:
+        if not s.pinned and s.nbytes > 0 and s.slot < 0:
             self.pool.add(s)
 
     def _swap_in(self, s: Storage, op: object) -> None:
@@ -746,8 +770,7 @@ class Engine:
         ex, clock, st = self.executor, self.clock, self.stats
         while q:
             s = q[0]
-            if (s.dead or not s.resident or (s.pinned and not self.swap_pinned)
-                    or s.host_ready != math.inf):
+            if s.dead or not s.resident or s.pinned or s.host_ready != math.inf:
                 q.popleft()
                 continue
             ready = ex.backup(s, clock)
@@ -915,8 +938,7 @@ class Engine:
             self._free(s)
         elif s.slot >= 0:  # it stayed in the pool while locked: it re-enters as the latest
             self.pool.touch(s)
-        elif (s.resident and (not s.pinned or self.swap_pinned) and s.nbytes > 0
-              and not s.dead):
+        elif s.resident and not s.pinned and s.nbytes > 0 and not s.dead:
             self.pool.add(s)
 
     def _hold_out_locked(self) -> None:
@@ -1003,12 +1025,11 @@ class Engine:
         if not t.defined:
             self.get_value(t)
         s = t.storage
+        if not s.pinned and self._pinned is not None:
+            self._pinned.append(s)
         s.pinned = True
         if s.slot >= 0:
-            if self.swap_pinned:  # priced as a pinned one from now on
-                self.pool.stale.append(s)
-            else:
-                self.pool.remove(s)
+            self.pool.remove(s)
         s.ev_parents = 0
         for p in self._detach(s):
             if self.free_dead:

@@ -1,10 +1,9 @@
 """The eviction candidates, kept in numpy arrays so that policies score them all at once.
 
 A storage is a candidate while it is resident, unpinned, unlocked, holds bytes and has a
-producer (or, where pinned storages may be swapped to the host, pinned too). The engine adds
-and removes candidates (O(1), swap-remove); a storage locked by a running op stays in the
-pool until a search is about to start (most ops end with none), so searches only ever see
-unlocked ones. The arrays mirror fields
+producer. The engine adds and removes candidates (O(1), swap-remove); a storage locked by a
+running op stays in the pool until a search is about to start (most ops end with none), so
+searches only ever see unlocked ones. The arrays mirror fields
 of the storages and are brought up to date lazily: whoever changes a field a policy reads marks
 the storage stale (``stale.append``), and ``sync()`` writes the stale rows just before a search.
 Between searches an op then costs a list append instead of numpy writes, and a run that never
