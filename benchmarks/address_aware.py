@@ -50,6 +50,10 @@ ABLATIONS = {  # dtr-compact on its own pool (segregated best fit), changed in o
     "dtr-compact-noslide": "nothing slid together when nothing is left to evict",
     "dtr-compact-window": "where no run can be emptied by moves, Coop's cheapest window "
                           "(scored with DTR's exact e*) is evicted instead of DTR's victim",
+    "dtr-compact-moves": "moves are never weighed against evicting Coop's cheapest covering "
+                         "window: a run is emptied by moves wherever one can be",
+    "dtr-compact-share1": "the window is weighed at its whole recomputation cost "
+                          "(remat_share 1), not a tenth of it",
 }
 TOLERANCE = 1.10  # the target: at most this times the limit's overhead
 

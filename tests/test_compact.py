@@ -27,17 +27,19 @@ from membudget.bench.meter import StorageMeter
 from membudget.core import Engine
 from membudget.core.executor import SimulatedExecutor
 from membudget.core.policies import DEFAULT_POLICY, make_policy
-from membudget.errors import EngineError, OutOfBudget
+from membudget.errors import EngineError, MembudgetError, OutOfBudget
 from membudget.sim.simulate import copy_executor, simulate
 from membudget.trace.synthetic import resnet_step
 
 
-def fragmented(policy: str) -> tuple[Engine, list]:
-    """A 100 B best-fit pool holding a 10 B leaf and three 30 B activations, the outer two
-    then evicted: 60 B free in two holes of 30 B around the middle one."""
-    eng = Engine(100, policy, "best-fit")
+def fragmented(policy: str, cost: float = 5.0,
+               executor: SimulatedExecutor | None = None) -> tuple[Engine, list]:
+    """A 100 B best-fit pool holding a 10 B leaf and three 30 B activations (each made at
+    ``cost``), the outer two then evicted: 60 B free in two holes of 30 B around the middle
+    one. The default executor prices moves at 0."""
+    eng = Engine(100, policy, "best-fit", executor)
     x = eng.put(10)
-    a, b, c = (eng.apply(f"op{k}", [x], [30], cost=5.0)[0] for k in range(3))
+    a, b, c = (eng.apply(f"op{k}", [x], [30], cost=cost)[0] for k in range(3))
     assert [t.storage.block.addr for t in (a, b, c)] == [10, 40, 70]
     assert eng.evict(a) and eng.evict(c)
     return eng, [x, a, b, c]
@@ -57,7 +59,7 @@ def test_a_move_instead_of_an_eviction_when_free_bytes_are_split():
 
 
 def test_a_move_costs_what_the_executor_prices_and_counts_in_the_executed_cost():
-    eng, (x, *_rest) = fragmented("dtr-compact")
+    eng, (x, *_rest) = fragmented("dtr-compact-moves")  # moves never weighed: it moves
     eng.executor = SimulatedExecutor(copy_ns_per_byte=0.5, copy_launch=100.0)
     before = eng.stats.executed_cost
     eng.apply("op3", [x], [40], cost=5.0)
@@ -66,6 +68,22 @@ def test_a_move_costs_what_the_executor_prices_and_counts_in_the_executed_cost()
     # the simulator prices it on the trace's device spec (an A100 where none is named)
     assert copy_executor({}).copy_ns_per_byte < copy_executor(
         {"device_spec": "titan-v"}).copy_ns_per_byte
+
+
+def test_a_cheaper_window_is_evicted_instead_of_priced_moves():
+    # Moving b (30 B) costs 100 + 2 * 30 * 0.5 = 130. Made at cost 5, its eviction is
+    # weighed at 0.1 * 5 = 0.5 (as DTR's exact e*, nothing evicted around it adds to it): b
+    # is evicted and nothing moves. Made at cost 2000 (200 weighed), it is moved.
+    for cost, moves, evictions in ((5.0, 0, 3), (2000.0, 1, 2)):
+        ex = SimulatedExecutor(copy_ns_per_byte=0.5, copy_launch=100.0)
+        eng, (x, _, b, _) = fragmented("dtr-compact", cost, ex)
+        (d,) = eng.apply("op3", [x], [40], cost=5.0)
+        assert (eng.stats.moves, eng.stats.evictions) == (moves, evictions)
+        assert d.storage.resident and b.storage.resident is bool(moves)
+        assert eng.peak_bytes <= 100
+        eng.allocator.check()
+    with pytest.raises(MembudgetError, match="remat_share"):
+        make_policy("dtr-compact", remat_share=0)
 
 
 def test_leaves_never_move_and_the_engine_refuses_to_move_one():

@@ -43,6 +43,11 @@ class Executor(ABC):
         merge free blocks); return the copy's cost."""
         raise NotImplementedError(f"{type(self).__name__} cannot move storages")
 
+    def move_price(self, storage: Storage) -> float:
+        """What moving ``storage`` would cost, before deciding to (0 where the executor
+        cannot say: moves are then taken as free, and preferred to evictions)."""
+        return 0.0
+
     # Swapping: a storage's bytes copied to host memory and back over the device's host link.
     # Every figure is in the cost unit; a stall is the time the ops wait for a copy.
     #: whether host copies run on copy streams of their own, beside the ops (the engine then
@@ -135,6 +140,9 @@ class SimulatedExecutor(Executor):
         return self.h2d
 
     def move(self, storage: Storage) -> float:
+        return self.move_price(storage)
+
+    def move_price(self, storage: Storage) -> float:
         return self.copy_launch + 2 * storage.nbytes * self.copy_ns_per_byte
 
     def run(self, path: ComputePath, remat: bool) -> float:

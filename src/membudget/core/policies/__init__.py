@@ -25,10 +25,13 @@ POLICIES["random"] = Random
 POLICIES["megengine"] = MegEngine
 POLICIES["megengine-sqrt"] = partial(MegEngine, sqrt_sampling=True)
 # dtr-compact's ablations (docs/results/address-aware.md): Coop's window as the fallback,
-# only the cheapest run checked for room, no sliding
+# only the cheapest run checked for room, no sliding, moves never weighed against evicting,
+# or weighed against the window's whole recomputation cost
 POLICIES["dtr-compact-window"] = partial(DTRCompact, fallback="window")
 POLICIES["dtr-compact-1run"] = partial(DTRCompact, tries=1)
 POLICIES["dtr-compact-noslide"] = partial(DTRCompact, slide=False)
+POLICIES["dtr-compact-moves"] = partial(DTRCompact, remat_share=None)
+POLICIES["dtr-compact-share1"] = partial(DTRCompact, remat_share=1.0)
 SEEDED = {"random", "megengine", "megengine-sqrt"}
 #: What ``policy="default"`` means, here and only here: DTR's choices with fragmentation
 #: undone by moving live tensors (``dtr-compact``, on a best-fit pool). On an address-ordered

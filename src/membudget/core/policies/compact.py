@@ -4,9 +4,12 @@ Victims are chosen as DTR chooses them on a fungible pool: one at a time, by h_D
 pool's free bytes cover the request. When they do and no single free block is big enough, the
 free bytes are made contiguous by moving live tensors instead of evicting more: among the runs
 of blocks that would cover the request once emptied, the one with the fewest bytes to move
-whose tensors all fit in the free blocks outside it (best fit, largest first) is emptied; on
-a pool of segments, whole segments are emptied so that a new one fits. Only when nothing is
-left to evict are the storages of a run whose free bytes alone cover the request slid
+whose tensors all fit in the free blocks outside it (best fit, largest first) is emptied,
+unless evicting the cheapest covering run instead (Coop's window, scored with DTR's exact
+e*) costs less: its recomputation cost, counted at ``remat_share`` of its full amount
+(0.1; most evicted values are never recomputed, or only in part), against the copies'
+price. On a pool of segments, whole segments are emptied so that a new one fits. Only when
+nothing is left to evict are the storages of a run whose free bytes alone cover the request slid
 together, so that its free bytes merge at its end (that copies much more). A copy costs one
 read and one write of the bytes, far less than recomputing them, so the run pays DTR's
 recomputations plus the copies: what DTR pays on the ideal fungible pool, plus the price of
@@ -35,6 +38,10 @@ _size = attrgetter("size")
 _segment = attrgetter("segment")
 _storage = attrgetter("storage")
 FALLBACKS = ("dtr", "window")
+#: Share of a covering window's recomputation cost weighed against moving instead: 0.1
+#: completed the most cells within 1.10x of DTR on the fungible pool among 1, 0.5, 0.25,
+#: 0.1 and ~0 (docs/results/address-aware.md); most evicted values are never recomputed.
+REMAT_SHARE = 0.1
 
 
 class DTRCompact(DTR):
@@ -42,27 +49,39 @@ class DTRCompact(DTR):
     relocates = True
     default_allocator = "segregated"
 
-    def __init__(self, fallback: str = "dtr", tries: int = 8, slide: bool = True) -> None:
+    def __init__(self, fallback: str = "dtr", tries: int = 8, slide: bool = True,
+                 remat_share: float | None = REMAT_SHARE) -> None:
         """``fallback``: what to evict when free bytes cover the request but no run can be
         emptied by moves; ``tries``: cheapest runs checked for room per search; ``slide``:
-        False never slides a run's storages together (an ablation)."""
+        False never slides a run's storages together (an ablation); ``remat_share``: the
+        share of a covering window's recomputation cost weighed against the price of the
+        moves that would make room instead (None: always move, an ablation)."""
         if fallback not in FALLBACKS:
             raise MembudgetError(f"unknown fallback {fallback!r}; known: {', '.join(FALLBACKS)}")
         if tries < 1:
             raise MembudgetError(f"tries must be >= 1, got {tries}")
+        if remat_share is not None and not remat_share > 0:
+            raise MembudgetError(f"remat_share must be > 0 or None, got {remat_share}")
         self.fallback = fallback
         self.tries = tries
         self.slide = slide
+        self.remat_share = remat_share
+        self._window: list[Storage] = []  # evicted in place of moves, by the next victims()
 
     def relocations(self, pool: CandidatePool, clock: float,
                     request: Storage) -> list[tuple[Storage, Block | None]]:
         alloc = self.engine.allocator
         need = alloc.block_bytes(request.nbytes)
+        self._window = []
         if not alloc.has_layout or alloc.free_bytes < need:
             return []
         blocks = alloc.layout(request)
         moves: list[tuple[Storage, Block | None]] = []
         moves.extend(emptying_moves(alloc, blocks, need, self.tries))
+        if moves and self.remat_share is not None:
+            self._window = self._cheaper_window(pool, clock, blocks, need, moves)
+            if self._window:
+                return []
         if not moves and self.slide and not pool.items:  # the last resort: it copies much
             moves.extend((s, None) for s in sliding_moves(blocks, need, int(alloc.free_bytes)))
         deficit = alloc.segment_deficit(request.nbytes)
@@ -70,7 +89,27 @@ class DTRCompact(DTR):
             moves.extend(evacuating_moves(alloc, blocks, deficit))
         return moves
 
+    def _cheaper_window(self, pool: CandidatePool, clock: float, blocks: list[Block],
+                        need: int, moves: list[tuple[Storage, Block | None]]
+                        ) -> list[Storage]:
+        """The storages of the cheapest covering run to evict, if their recomputation (own
+        cost plus evicted neighbourhood, times ``remat_share``) costs less than ``moves``;
+        else none."""
+        assert self.remat_share is not None
+        price = self.engine.executor.move_price
+        copies = sum(price(s) for s, _ in moves)
+        run = cheapest_eviction_window(self, pool, clock, blocks, need)
+        if run is None:
+            return []
+        inside = [b.storage for b in blocks[run[0]: run[1] + 1] if b.storage is not None]
+        remat = sum(float(pool.cost[s.slot]) + self.neighbour_cost(s) for s in inside)
+        return inside if remat * self.remat_share < copies else []
+
     def victims(self, pool: CandidatePool, clock: float, request: Storage) -> list[Storage]:
+        window = [s for s in self._window if s.slot >= 0]  # chosen over moves just now
+        self._window = []
+        if window:
+            return window
         alloc = self.engine.allocator
         need = alloc.block_bytes(request.nbytes)
         if self.fallback == "window" and alloc.has_layout and alloc.free_bytes >= need:
