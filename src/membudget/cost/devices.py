@@ -55,6 +55,11 @@ class DeviceSpec:
             return self.host_bandwidth * HOST_LINK_EFF
         return self.bandwidth * self.bandwidth_efficiency / 2
 
+    def move_ns(self) -> tuple[float, float]:
+        """A move's price in ns (a copy within device memory, its bytes read and written):
+        per byte each way, and per copy (the launch overhead)."""
+        return 1e9 / (self.bandwidth * self.bandwidth_efficiency), self.launch_overhead * 1e9
+
     def host_copy_ns(self) -> tuple[float, float]:
         """A host copy's price in ns: per byte, and per copy (the launch overhead)."""
         return 1e9 / self.host_link_rate(), self.launch_overhead * 1e9

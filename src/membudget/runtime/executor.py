@@ -68,10 +68,12 @@ class TorchExecutor(Executor):
     ``unsized`` counts the ops that had to run before they could be sized (or were sized
     wrongly); ``run_ns`` and ``remat_ns`` are the measured times of the ops' first runs
     and of their recomputations. A host copy is priced ``link = (ns per byte, ns per copy)``
-    (the decisions then do not depend on timings); ``swap_ns`` is its measured time."""
+    and a move ``move`` alike (the decisions then do not depend on timings); ``swap_ns`` is
+    the copies' measured time."""
 
     def __init__(self, cost: OpTimer | None = None, *, check: str = "default",
-                 fake: bool = False, link: tuple[float, float] = (0.0, 0.0)) -> None:
+                 fake: bool = False, link: tuple[float, float] = (0.0, 0.0),
+                 move: tuple[float, float] = (0.0, 0.0)) -> None:
         self.check = check_name(check)
         self.values: dict[int, torch.Tensor] = {}
         self.cost = cost
@@ -85,6 +87,7 @@ class TorchExecutor(Executor):
         self._priced = _prices(cost)  # signature -> what ``cost`` says, in ns
         self.mode: object | None = None  # the session's dispatch mode, which it sets
         self.link_ns_per_byte, self.link_launch = link
+        self.copy_ns_per_byte, self.copy_launch = move
         # storage id -> its bytes in host memory (fake tensors, which hold none: the views)
         self.host: dict[int, Any] = {}
         # storage id -> (tensor id, dtype, offset, size, stride) of each view it had when
@@ -341,6 +344,9 @@ class TorchExecutor(Executor):
                 values[tid] = torch.empty(0, dtype=v.dtype, device=v.device).set_(
                     data, v.storage_offset(), v.size(), v.stride())
         return float(perf_counter_ns() - t0)
+
+    def move_price(self, storage: Storage) -> float:
+        return self.copy_launch + 2 * storage.nbytes * self.copy_ns_per_byte
 
     def transfer(self, storage: Storage) -> float:
         return self.link_launch + storage.nbytes * self.link_ns_per_byte

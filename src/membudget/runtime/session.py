@@ -56,7 +56,7 @@ from membudget.runtime.planned import (
 )
 from membudget.runtime.recording import NotRecording, Recording
 from membudget.runtime.references import References
-from membudget.runtime.sizing import link_prices, model_seconds
+from membudget.runtime.sizing import link_prices, model_seconds, move_prices
 from membudget.runtime.stats import SessionStats
 from membudget.runtime.tensor import Ref, RematTensor, value_of, wrap
 from membudget.runtime.writes import write
@@ -94,6 +94,7 @@ class Session(TorchDispatchMode, ContextDecorator):
                                       "mode='dynamic' with swap, or swap='off'")
         self.swap = swap
         self.link = link_prices() if swap != "off" else (0.0, 0.0)
+        self.move = move_prices()
         # planned mode: the plans across steps (runtime.planned), and this step's run
         self.planning = Planning(planner, max_plans) if mode == "planned" else None
         self.plan_run: PlanRun | None = None
@@ -125,7 +126,7 @@ class Session(TorchDispatchMode, ContextDecorator):
         import torch._dynamo
         fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
         self.executor = TorchExecutor(self.cost, check=self.determinism_check, fake=fake,
-                                      link=self.link)
+                                      link=self.link, move=self.move)
         self.executor.mode = self
         policy = self.policy if self.planning is None else plan_first(self.policy)
         self.engine = Engine(self.budget_bytes, policy, self.allocator, self.executor,
@@ -233,6 +234,8 @@ class Session(TorchDispatchMode, ContextDecorator):
                 "allocator": getattr(self, "allocator_name", self.allocator),
                 "inplace": getattr(self, "inplace_name", self.inplace),
                 "budget_bytes": self.budget_bytes, "swap": self.swap,
+                # what its moves were weighed at against evictions
+                "move_price": {"ns_per_byte": self.move[0], "launch_ns": self.move[1]},
                 # what its host copies were priced at: copied in turn, not overlapped, and
                 # never of pinned storages (the program owns its parameters)
                 **({"host_link": {"ns_per_byte": self.link[0], "launch_ns": self.link[1],

@@ -191,6 +191,13 @@ def link_prices() -> tuple[float, float]:
     return _model("cuda" if torch.accelerator.is_available() else "cpu").spec.host_copy_ns()
 
 
+def move_prices() -> tuple[float, float]:
+    """ns per byte (each way) and ns per copy of a move within device memory on this
+    machine's device kind, on the spec the cost model prices its ops on: a stable price,
+    so that whether to move or evict does not depend on timings."""
+    return _model("cuda" if torch.accelerator.is_available() else "cpu").spec.move_ns()
+
+
 @cache
 def _model(device: str) -> Any:
     from membudget.cost import CostModel

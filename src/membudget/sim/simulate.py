@@ -33,13 +33,21 @@ def copy_executor(header: dict[str, Any]) -> SimulatedExecutor:
     """A simulated executor that prices a move (a copy of a storage's bytes, read and
     written) and a host copy (one way over the host link) on the trace's device spec
     (``device_spec`` in its header, else :data:`COPY_SPEC`): launch overhead plus bytes over
-    the achieved bandwidth, in ns. Host copies overlap the ops on copy streams, and pinned
+    the achieved bandwidth, in ns; a live run's trace gives the ``move_price`` its moves
+    were weighed at. Host copies overlap the ops on copy streams, and pinned
     storages may leave for the host too, except in a live run's trace: its header gives the
     ``host_link`` prices it copied at, in turn, and whether it swapped pinned storages (the
     live runtime does not own the program's parameters, so it never does)."""
     from membudget.cost.devices import get_spec  # (imports torch: only when simulating)
 
     spec = get_spec(str(header.get("device_spec") or COPY_SPEC))
+    move = header.get("move_price")
+    try:
+        copy_ns, copy_launch = ((float(move["ns_per_byte"]), float(move["launch_ns"]))
+                                if isinstance(move, dict) else spec.move_ns())
+    except (KeyError, TypeError, ValueError):
+        raise MembudgetError(f"the trace header's move_price {move!r} needs numbers "
+                             "ns_per_byte and launch_ns") from None
     link = header.get("host_link")
     if isinstance(link, dict):
         try:
@@ -50,8 +58,7 @@ def copy_executor(header: dict[str, Any]) -> SimulatedExecutor:
         overlap, pinned = bool(link.get("overlap", False)), bool(link.get("pinned", False))
     else:
         (link_ns, link_launch), overlap, pinned = spec.host_copy_ns(), True, True
-    ex = SimulatedExecutor(1e9 / (spec.bandwidth * spec.bandwidth_efficiency),
-                           spec.launch_overhead * 1e9, link_ns, link_launch, overlap)
+    ex = SimulatedExecutor(copy_ns, copy_launch, link_ns, link_launch, overlap)
     ex.swaps_pinned = pinned
     return ex
 
