@@ -43,10 +43,14 @@ class Executor(ABC):
         merge free blocks); return the copy's cost."""
         raise NotImplementedError(f"{type(self).__name__} cannot move storages")
 
+    #: a move's price: ns per byte (read and written) and per copy; 0 where the executor
+    #: cannot say (moves are then taken as free, and preferred to evictions)
+    copy_ns_per_byte: float = 0.0
+    copy_launch: float = 0.0
+
     def move_price(self, storage: Storage) -> float:
-        """What moving ``storage`` would cost, before deciding to (0 where the executor
-        cannot say: moves are then taken as free, and preferred to evictions)."""
-        return 0.0
+        """What moving ``storage`` would cost, before deciding to."""
+        return self.copy_launch + 2 * storage.nbytes * self.copy_ns_per_byte
 
     # Swapping: a storage's bytes copied to host memory and back over the device's host link.
     # Every figure is in the cost unit; a stall is the time the ops wait for a copy.
@@ -141,9 +145,6 @@ class SimulatedExecutor(Executor):
 
     def move(self, storage: Storage) -> float:
         return self.move_price(storage)
-
-    def move_price(self, storage: Storage) -> float:
-        return self.copy_launch + 2 * storage.nbytes * self.copy_ns_per_byte
 
     def run(self, path: ComputePath, remat: bool) -> float:
         return path.cost

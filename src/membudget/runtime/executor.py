@@ -345,9 +345,6 @@ class TorchExecutor(Executor):
                     data, v.storage_offset(), v.size(), v.stride())
         return float(perf_counter_ns() - t0)
 
-    def move_price(self, storage: Storage) -> float:
-        return self.copy_launch + 2 * storage.nbytes * self.copy_ns_per_byte
-
     def transfer(self, storage: Storage) -> float:
         return self.link_launch + storage.nbytes * self.link_ns_per_byte
 

@@ -41,26 +41,30 @@ def copy_executor(header: dict[str, Any]) -> SimulatedExecutor:
     from membudget.cost.devices import get_spec  # (imports torch: only when simulating)
 
     spec = get_spec(str(header.get("device_spec") or COPY_SPEC))
-    move = header.get("move_price")
-    try:
-        copy_ns, copy_launch = ((float(move["ns_per_byte"]), float(move["launch_ns"]))
-                                if isinstance(move, dict) else spec.move_ns())
-    except (KeyError, TypeError, ValueError):
-        raise MembudgetError(f"the trace header's move_price {move!r} needs numbers "
-                             "ns_per_byte and launch_ns") from None
+    copy_ns, copy_launch = _header_price(header, "move_price") or spec.move_ns()
     link = header.get("host_link")
-    if isinstance(link, dict):
-        try:
-            link_ns, link_launch = float(link["ns_per_byte"]), float(link["launch_ns"])
-        except (KeyError, TypeError, ValueError):
-            raise MembudgetError(f"the trace header's host_link {link!r} needs numbers "
-                                 "ns_per_byte and launch_ns") from None
-        overlap, pinned = bool(link.get("overlap", False)), bool(link.get("pinned", False))
+    recorded = _header_price(header, "host_link")
+    if recorded is not None:
+        (link_ns, link_launch), overlap, pinned = (
+            recorded, bool(link.get("overlap", False)), bool(link.get("pinned", False)))
     else:
         (link_ns, link_launch), overlap, pinned = spec.host_copy_ns(), True, True
     ex = SimulatedExecutor(copy_ns, copy_launch, link_ns, link_launch, overlap)
     ex.swaps_pinned = pinned
     return ex
+
+
+def _header_price(header: dict[str, Any], key: str) -> tuple[float, float] | None:
+    """The (ns per byte, ns per copy) a live run's trace header recorded under ``key``, or
+    None if it has none; a clear error if it is malformed."""
+    price = header.get(key)
+    if not isinstance(price, dict):
+        return None
+    try:
+        return float(price["ns_per_byte"]), float(price["launch_ns"])
+    except (KeyError, TypeError, ValueError):
+        raise MembudgetError(f"the trace header's {key} {price!r} needs numbers "
+                             "ns_per_byte and launch_ns") from None
 
 
 @dataclass(frozen=True)
