@@ -46,6 +46,9 @@ ABLATIONS = {  # dtr-compact on its own pool (segregated best fit), changed in o
     "dtr@segregated": "no moves: DTR's choices alone on the same pool",
     "dtr-compact@best-fit": "pinned storages placed by best fit like the rest, not at the top",
     "dtr-compact@two-sided": "and Coop's cheap/expensive partition of the rest",
+    "dtr-compact@size-sided": "the rest partitioned by size instead: storages larger than "
+                              "the running geometric mean of sizes from the bottom, smaller "
+                              "ones from the top",
     "dtr-compact-1run": "only the run with the fewest bytes to move is checked for room",
     "dtr-compact-noslide": "nothing slid together when nothing is left to evict",
     "dtr-compact-window": "where no run can be emptied by moves, Coop's cheapest window "
@@ -175,19 +178,26 @@ def beats(results: list[SimResult], method: str, rivals: list[str], traces: list
 
 def verdict(results: list[SimResult], ablation: str) -> str:
     """One sentence on what an ablation shows: the limit's cells it completed and those
-    within the target, against the default's."""
+    within the target, against the default's, and cell by cell which costs less."""
     d0, w0, _, _ = against_limit(results, "default")
     d1, w1, _, _ = against_limit(results, ablation)
+    mine = {(r.trace, r.ratio): r.overhead for r in results
+            if r.method == ablation and r.status == "ok"}
+    pairs = [(mine[(r.trace, r.ratio)], r.overhead) for r in results
+             if r.method == "default" and r.status == "ok" and (r.trace, r.ratio) in mine]
+    lower, higher = sum(a < b for a, b in pairs), sum(a > b for a, b in pairs)
+    cells = (f" Cell by cell, of the {len(pairs)} both completed, it costs less in {lower} "
+             f"and more in {higher}.")
     if (d1, w1) == (d0, w0):
-        return "On these traces it makes no difference."
+        return "On these traces it makes no difference to the target." + cells
     if d1 <= d0 and w1 <= w0:
         return (f"What the default does instead is worth {d0 - d1} completed cells and "
-                f"{w0 - w1} more within the target here.")
+                f"{w0 - w1} more within the target here." + cells)
     if d1 >= d0 and w1 >= w0:
-        return (f"It does better here: {d1 - d0} more completed cells and {w1 - w0} more "
-                "within the target.")
+        return (f"{d1 - d0} more completed cells and {w1 - w0} more within the target than "
+                "the default." + cells)
     return (f"A trade: {d1 - d0:+d} completed cells and {w1 - w0:+d} within the target "
-            "against the default.")
+            "against the default." + cells)
 
 
 def paired(results: list[SimResult], method: str, rivals: list[str]) -> str:

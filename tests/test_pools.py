@@ -7,7 +7,12 @@ from itertools import pairwise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from membudget.core.allocators import BestFitAllocator, TwoSidedAllocator, make_allocator
+from membudget.core.allocators import (
+    BestFitAllocator,
+    SizeSidedAllocator,
+    TwoSidedAllocator,
+    make_allocator,
+)
 from membudget.core.records import Storage
 
 
@@ -112,8 +117,23 @@ def test_two_sided_default_threshold_is_the_running_geometric_mean_of_densities(
     assert first.block.addr == 990 and hi.block.addr == 0 and lo.block.addr == 980
 
 
+def test_size_sided_puts_large_storages_low_small_ones_high_and_pinned_at_the_top():
+    a = SizeSidedAllocator(1000)
+    param = store(1, 100, pinned=True)
+    first = store(2, 10, cost=1e6)  # no mean yet: small, whatever its cost
+    big = store(3, 200)  # 200 > 10: large
+    small = store(4, 20)  # 20 < geometric mean of 10 and 200 (~44.7): small
+    big2 = store(5, 100)  # 100 > mean of 10, 200, 20 (~34.2): large
+    for s in (param, first, big, small, big2):
+        assert a.allocate(s)
+    assert param.block.addr == 900
+    assert (big.block.addr, big2.block.addr) == (0, 200)
+    assert (first.block.addr, small.block.addr) == (890, 870)
+    a.check()
+
+
 def test_pools_need_finite_capacity_and_know_their_names():
-    for name in ("best-fit", "two-sided"):
+    for name in ("best-fit", "segregated", "two-sided", "size-sided"):
         assert make_allocator(name, 64).name == name
         try:
             make_allocator(name, float("inf"))

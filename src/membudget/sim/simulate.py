@@ -133,8 +133,8 @@ def check_config(policy: str, allocator: str | None = None, inplace: str | None 
                              f"{', '.join(INPLACE_MODES)}")
     if pol.needs_layout and not make_allocator(allocator, 1 << 20).has_layout:
         raise MembudgetError(f"policy {policy!r} needs an address-ordered allocator, not "
-                             f"{allocator!r}; use --allocator best-fit, two-sided or "
-                             "torch-caching")
+                             f"{allocator!r}; use --allocator best-fit, segregated, "
+                             "two-sided, size-sided or torch-caching")
     return allocator, inplace
 
 

@@ -7,13 +7,14 @@ from membudget.core.allocators.best_fit import BestFitAllocator
 from membudget.core.allocators.block import Block
 from membudget.core.allocators.fungible import FungibleAllocator
 from membudget.core.allocators.segregated import SegregatedAllocator
+from membudget.core.allocators.size_sided import SizeSidedAllocator
 from membudget.core.allocators.torch_caching import TorchCachingAllocator
 from membudget.core.allocators.two_sided import TwoSidedAllocator
 from membudget.errors import UnknownNameError
 
 ALLOCATORS: dict[str, type[Allocator]] = {
     cls.name: cls for cls in (FungibleAllocator, BestFitAllocator, SegregatedAllocator,
-                              TwoSidedAllocator, TorchCachingAllocator)
+                              TwoSidedAllocator, SizeSidedAllocator, TorchCachingAllocator)
 }
 
 
@@ -27,6 +28,7 @@ def make_allocator(name: str, capacity: float) -> Allocator:
 
 
 __all__ = ["ALLOCATORS", "AllocationObserver", "Allocator", "BestFitAllocator", "Block",
-           "FungibleAllocator", "SegregatedAllocator", "TorchCachingAllocator",
+           "FungibleAllocator", "SegregatedAllocator", "SizeSidedAllocator",
+           "TorchCachingAllocator",
            "TwoSidedAllocator",
            "make_allocator"]

@@ -29,24 +29,28 @@ class TwoSidedAllocator(SegregatedAllocator):
     def __init__(self, capacity: float, threshold: float | None = None) -> None:
         super().__init__(capacity)
         if threshold is not None and not threshold >= 0:
-            raise ValueError(f"cost-density threshold must be >= 0, got {threshold}")
+            raise ValueError(f"{self.name} threshold must be >= 0, got {threshold}")
         self.threshold = threshold
         self._log_sum = 0.0
         self._count = 0
 
-    def expensive(self, s: Storage) -> bool:
-        """Is ``s`` the output of a costly op (cost density above the threshold)?"""
-        density = s.cost / s.nbytes
+    def measure(self, s: Storage) -> float:
+        """The quantity the pool is partitioned on: cost density (compute cost per byte)."""
+        return s.cost / s.nbytes
+
+    def above(self, s: Storage) -> bool:
+        """Is ``s`` above the threshold (for cost density: the output of a costly op)?"""
+        value = self.measure(s)
         if self.threshold is not None:
-            return density > self.threshold
-        if density <= 0:
+            return value > self.threshold
+        if value <= 0:
             return False
-        log_d = math.log(density)
-        # compare against the mean before this storage joins it (the first one is cheap)
+        log_d = math.log(value)
+        # compare against the mean before this storage joins it (the first one is below)
         above = self._count > 0 and log_d > self._log_sum / self._count
         self._log_sum += log_d
         self._count += 1
         return above
 
     def _at_low_end(self, s: Storage) -> bool:
-        return self.expensive(s)
+        return self.above(s)
