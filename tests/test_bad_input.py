@@ -277,6 +277,20 @@ def test_a_bad_budget_is_refused_when_the_session_is_made(budget):
         membudget.budget(budget)
 
 
+@pytest.mark.parametrize(("options", "message"), [
+    ({"policy": "nope"}, "unknown policy 'nope'"),
+    ({"allocator": "sized"}, "unknown allocator 'sized'; known: .*size-sided"),
+    ({"inplace": "later"}, "unknown in-place mode 'later'"),
+    ({"policy": "coop", "allocator": "fungible"}, "needs an address-ordered allocator"),
+    ({"swap": "al"}, "unknown swap mode 'al'"),
+])
+def test_bad_session_options_are_refused_when_the_session_is_made(options, message):
+    import membudget
+
+    with pytest.raises(MembudgetError, match=message):  # (before: policy, allocator and
+        membudget.budget("1 GB", **options)  # in-place mode only when it was entered)
+
+
 def test_a_record_path_that_cannot_be_written_is_refused_before_the_step(tmp_path):
     import membudget
 

@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import (
     is_traceable_wrapper_subclass,
 )
 
-from membudget.core.engine import Engine, check_swap
+from membudget.core.engine import Engine
 from membudget.core.policies import resolve_policy
 from membudget.core.records import Tensor
 from membudget.errors import BudgetTooSmallError, MembudgetError, OutOfBudget
@@ -61,6 +61,7 @@ from membudget.runtime.stats import SessionStats
 from membudget.runtime.tensor import Ref, RematTensor, value_of, wrap
 from membudget.runtime.writes import write
 from membudget.sim.evictions import plan_first
+from membudget.sim.simulate import check_config
 from membudget.units import parse_bytes
 
 
@@ -88,7 +89,8 @@ class Session(TorchDispatchMode, ContextDecorator):
             check_output(record)
         check_name(determinism_check)  # refused here, before the session is entered
         self.mode = check_mode(mode)
-        check_swap(swap, inplace, "cow")  # refused here, before the session is entered
+        # policy, allocator, in-place and swap modes refused here, before it is entered
+        check_config(policy, allocator, inplace, swap=swap)
         if swap != "off" and mode == "planned":
             raise NotImplementedError("planned sessions follow plans of drops only: use "
                                       "mode='dynamic' with swap, or swap='off'")

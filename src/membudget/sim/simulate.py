@@ -131,9 +131,10 @@ def check_config(policy: str, allocator: str | None = None, inplace: str | None 
     if inplace not in INPLACE_MODES:
         raise MembudgetError(f"unknown in-place mode {inplace!r}; known: "
                              f"{', '.join(INPLACE_MODES)}")
-    if pol.needs_layout and not make_allocator(allocator, 1 << 20).has_layout:
+    pool = make_allocator(allocator, 1 << 20)  # an unknown name is refused here
+    if pol.needs_layout and not pool.has_layout:
         raise MembudgetError(f"policy {policy!r} needs an address-ordered allocator, not "
-                             f"{allocator!r}; use --allocator best-fit, segregated, "
+                             f"{allocator!r}; use the allocator best-fit, segregated, "
                              "two-sided, size-sided or torch-caching")
     return allocator, inplace
 
