@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Sequence
 from time import perf_counter, perf_counter_ns
 
-from membudget.core.allocators import Allocator, Block, make_allocator
+from membudget.core.allocators import Allocator, Block, layout_names, make_allocator
 from membudget.core.allocators.fungible import LiftedAllocator
 from membudget.core.executor import Executor, SimulatedExecutor
 from membudget.core.policies import Policy, make_policy
@@ -91,8 +91,8 @@ class Engine:
                           else allocator)
         if self.policy.needs_layout and not self.allocator.has_layout:
             raise EngineError(f"policy {self.policy.name!r} reads the address layout, which the "
-                              f"{self.allocator.name!r} allocator does not have; use best-fit, "
-                              "two-sided or torch-caching")
+                              f"{self.allocator.name!r} allocator does not have; use "
+                              f"{layout_names()}")
         inplace = check_swap(swap, inplace, self.policy.default_inplace)
         if inplace not in INPLACE_MODES:
             raise EngineError(f"unknown in-place mode {inplace!r}; known: "

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from membudget.core.allocators import make_allocator
+from membudget.core.allocators import layout_names, make_allocator
 from membudget.core.engine import INPLACE_MODES, Engine, check_swap
 from membudget.core.executor import SimulatedExecutor
 from membudget.core.policies import make_policy, resolve_policy
@@ -134,8 +134,7 @@ def check_config(policy: str, allocator: str | None = None, inplace: str | None 
     pool = make_allocator(allocator, 1 << 20)  # an unknown name is refused here
     if pol.needs_layout and not pool.has_layout:
         raise MembudgetError(f"policy {policy!r} needs an address-ordered allocator, not "
-                             f"{allocator!r}; use the allocator best-fit, segregated, "
-                             "two-sided, size-sided or torch-caching")
+                             f"{allocator!r}; use the allocator {layout_names()}")
     return allocator, inplace
 
 

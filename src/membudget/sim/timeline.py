@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from membudget.core.allocators import layout_names
 from membudget.outputs import replacing
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ class Recorder:
         alloc = engine.allocator
         if not alloc.has_layout:
             raise ValueError(f"the {alloc.name!r} allocator has no address layout to record; "
-                             "use best-fit, two-sided or torch-caching")
+                             f"use {layout_names()}")
         if alloc.used:
             raise ValueError("attach the recorder before the run: the pool already holds "
                              f"{alloc.used} bytes")

@@ -18,6 +18,12 @@ ALLOCATORS: dict[str, type[Allocator]] = {
 }
 
 
+def layout_names() -> str:
+    """The allocators with an address layout, as error messages offer them."""
+    names = [name for name, cls in ALLOCATORS.items() if cls.has_layout]
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
 def make_allocator(name: str, capacity: float) -> Allocator:
     """Build the allocator called ``name`` over a pool of ``capacity`` bytes."""
     try:
@@ -31,4 +37,4 @@ __all__ = ["ALLOCATORS", "AllocationObserver", "Allocator", "BestFitAllocator", 
            "FungibleAllocator", "SegregatedAllocator", "SizeSidedAllocator",
            "TorchCachingAllocator",
            "TwoSidedAllocator",
-           "make_allocator"]
+           "layout_names", "make_allocator"]

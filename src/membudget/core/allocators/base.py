@@ -103,9 +103,10 @@ class Allocator(ABC):
 
     def layout(self, request: Storage | None = None) -> list[Block]:
         """Every block in address order; with ``request``, only those that could hold it."""
-        raise NotImplementedError(
-            f"the {self.name!r} allocator has no address layout; use a layout-aware one "
-            "(best-fit, two-sided or torch-caching)")
+        from membudget.core.allocators import layout_names  # (the registry imports this)
+
+        raise NotImplementedError(f"the {self.name!r} allocator has no address layout; use a "
+                                  f"layout-aware one ({layout_names()})")
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
