@@ -181,10 +181,7 @@ def verdict(results: list[SimResult], ablation: str) -> str:
     within the target, against the default's, and cell by cell which costs less."""
     d0, w0, _, _ = against_limit(results, "default")
     d1, w1, _, _ = against_limit(results, ablation)
-    mine = {(r.trace, r.ratio): r.overhead for r in results
-            if r.method == ablation and r.status == "ok"}
-    pairs = [(mine[(r.trace, r.ratio)], r.overhead) for r in results
-             if r.method == "default" and r.status == "ok" and (r.trace, r.ratio) in mine]
+    pairs = _pairs(results, ablation, "default")
     lower, higher = sum(a < b for a, b in pairs), sum(a > b for a, b in pairs)
     cells = (f" Cell by cell, of the {len(pairs)} both completed, it costs less in {lower} "
              f"and more in {higher}.")
@@ -200,16 +197,22 @@ def verdict(results: list[SimResult], ablation: str) -> str:
             "against the default." + cells)
 
 
+def _pairs(results: list[SimResult], method: str, rival: str) -> list[tuple[float, float]]:
+    """(overhead of ``method``, overhead of ``rival``) in every cell both completed."""
+    mine = {(r.trace, r.ratio): r.overhead for r in results
+            if r.method == method and r.status == "ok"}
+    return [(mine[(r.trace, r.ratio)], r.overhead) for r in results
+            if r.method == rival and r.status == "ok" and (r.trace, r.ratio) in mine]
+
+
 def paired(results: list[SimResult], method: str, rivals: list[str]) -> str:
     """``method`` against each rival cell by cell, over the cells both completed (medians of
     different sets of completed traces can mislead): how many cells, in how many its
     overhead is lower or equal, and the median ratio of the two overheads."""
-    mine = {(r.trace, r.ratio): r for r in results if r.method == method and r.status == "ok"}
     lines = ["| against | cells both completed | `" + method + "` lower or equal | "
              "median overhead ratio |", "|---|---:|---:|---:|"]
     for rival in rivals:
-        pairs = [(mine[(r.trace, r.ratio)].overhead, r.overhead) for r in results
-                 if r.method == rival and r.status == "ok" and (r.trace, r.ratio) in mine]
+        pairs = _pairs(results, method, rival)
         ratios = [a / b for a, b in pairs if b > 0]
         lower = sum(a <= b for a, b in pairs)
         med = _median(ratios)
