@@ -94,6 +94,29 @@ def test_overlapped_copies_wait_only_for_what_is_unfinished():
     assert sync.stats.swap_stall == 200 and sync.stats.backups == 0
 
 
+def test_a_copy_out_is_priced_with_the_copies_queued_ahead_of_it():
+    # A backup of 1000 B occupies the link to the host from clock 0 to 1000. At clock 100 a
+    # 100 B value with no host copy would wait 900 for the link, then 100 for its own copy;
+    # the one being backed up waits out the rest of its copy; a finished backup waits
+    # nothing. Copied synchronously, a copy waits its own time alone. "Both" weighs exactly
+    # that wait plus the copy back (100) against recomputing: so a value whose bare round
+    # trip (200) is cheaper than its recomputation (500) is still dropped while the link is
+    # busy, where it would have stalled the ops 1100.
+    ex = executor(overlap=True)
+    eng = Engine(20 * B, "lru", "fungible", ex, swap="both")
+    big = eng.put(10 * B).storage
+    (small,) = eng.apply("op", [eng.put(B)], [B], cost=500.0)
+    assert ex.backup(big, 0.0) == 1000.0
+    big.host_ready = 1000.0
+    assert ex.out_wait(small.storage, 100.0) == 900.0 + 100.0
+    assert ex.out_wait(big, 100.0) == 900.0 and ex.out_wait(big, 2000.0) == 0.0
+    assert executor(overlap=False).out_wait(small.storage, 100.0) == 100.0
+    eng.clock = 100.0
+    assert eng._return_cost(small.storage) == 500.0  # recomputing is cheaper now
+    eng.clock = 1000.0
+    assert eng._return_cost(small.storage) == 200.0  # the link is free again
+
+
 def test_a_value_is_prefetched_back_while_an_op_runs_and_read_with_no_wait():
     # Budget = leaf + 3 activations: x1 and x2 are on the host after the chain. Releasing
     # x3..x5 frees their blocks; as the next op (cost 1000) starts, the idle link back

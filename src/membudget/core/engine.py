@@ -657,12 +657,11 @@ class Engine:
 
     # ------------------------------------------------------------------ host memory
     def _return_cost(self, s: Storage) -> float:
-        """What evicting ``s`` costs to undo: the copies to the host (unless it has a host
-        copy already) and back, or with "both" its recomputation where that is cheaper.
-        The candidate pool's cost column with swapping on, so every policy weighs it."""
-        price = self.executor.transfer(s)
-        if s.host_ready == math.inf:
-            price *= 2
+        """What evicting ``s`` costs to undo: the ops' wait for its copy to the host (none
+        once a backup has finished; behind the copies queued ahead of it on a copy stream)
+        and the copy back, or with "both" its recomputation where that is cheaper. The
+        candidate pool's cost column with swapping on, so every policy weighs it."""
+        price = self.executor.out_wait(s, self.clock) + self.executor.transfer(s)
         return price if not self.history else min(s.cost, price)
 
     def _last_resort(self) -> Storage | None:

@@ -71,6 +71,12 @@ class Executor(ABC):
         while it has none); return how long the ops wait for it from ``now``."""
         raise NotImplementedError(f"{type(self).__name__} cannot swap to host memory")
 
+    def out_wait(self, storage: Storage, now: float) -> float:
+        """How long the ops would wait, from ``now``, for the host copy of resident
+        ``storage`` if it left now: none once it has one, else the whole copy (a synchronous
+        copy; an executor with copy streams adds the copies queued ahead of it)."""
+        return 0.0 if storage.host_ready != math.inf else self.transfer(storage)
+
     def swap_in(self, storage: Storage, now: float) -> float:
         """Copy the host copy of ``storage`` back into its new block; return the wait."""
         raise NotImplementedError(f"{type(self).__name__} cannot swap to host memory")
@@ -124,6 +130,13 @@ class SimulatedExecutor(Executor):
                 return self.transfer(storage)
             ready = self.d2h = max(self.d2h, now) + self.transfer(storage)
         return max(0.0, ready - now)
+
+    def out_wait(self, storage: Storage, now: float) -> float:
+        if storage.host_ready != math.inf:  # a backup, finished or on its way
+            return max(0.0, storage.host_ready - now)
+        if not self.overlaps:
+            return self.transfer(storage)
+        return max(self.d2h, now) - now + self.transfer(storage)
 
     def swap_in(self, storage: Storage, now: float) -> float:
         if not self.overlaps:
