@@ -124,12 +124,10 @@ class SimulatedExecutor(Executor):
         return self.link_launch + storage.nbytes * self.link_ns_per_byte
 
     def swap_out(self, storage: Storage, now: float) -> float:
-        ready = storage.host_ready
-        if ready == math.inf:
-            if not self.overlaps:
-                return self.transfer(storage)
-            ready = self.d2h = max(self.d2h, now) + self.transfer(storage)
-        return max(0.0, ready - now)
+        wait = self.out_wait(storage, now)
+        if storage.host_ready == math.inf and self.overlaps:  # its copy joins the queue
+            self.d2h = now + wait
+        return wait
 
     def out_wait(self, storage: Storage, now: float) -> float:
         if storage.host_ready != math.inf:  # a backup, finished or on its way

@@ -358,7 +358,7 @@ class TorchExecutor(Executor):
         first = views[0][1]
         self.parked[storage.id] = (first.device, [
             (tid, v.dtype, v.storage_offset(), v.size(), v.stride()) for tid, v in views])
-        price = self.transfer(storage) if storage.host_ready == math.inf else 0.0
+        price = self.out_wait(storage, now)
         if self.layouts is FAKE:  # fake tensors hold no bytes: keep the views themselves
             self.host[storage.id] = views
             return price
