@@ -49,6 +49,9 @@ ABLATIONS = {  # dtr-compact on its own pool (segregated best fit), changed in o
     "dtr-compact@size-sided": "the rest partitioned by size instead: storages larger than "
                               "the running geometric mean of sizes from the bottom, smaller "
                               "ones from the top",
+    "dtr-compact@phase-sided": "segregated by lifetime class: storages made in backward "
+                               "(gradients and their temporaries) packed from the top with "
+                               "the pinned ones, forward's activations from the bottom",
     "dtr-compact-1run": "only the run with the fewest bytes to move is checked for room",
     "dtr-compact-noslide": "nothing slid together when nothing is left to evict",
     "dtr-compact-window": "where no run can be emptied by moves, Coop's cheapest window "

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from membudget.core.allocators import (
     BestFitAllocator,
+    PhaseSidedAllocator,
     SizeSidedAllocator,
     TwoSidedAllocator,
     make_allocator,
@@ -132,8 +133,28 @@ def test_size_sided_puts_large_storages_low_small_ones_high_and_pinned_at_the_to
     a.check()
 
 
+def test_phase_sided_packs_what_backward_makes_from_the_top_beside_the_pinned_state():
+    def run(a):
+        param, act, grad, act2 = store(1, 100, pinned=True), store(2, 200), store(3, 50), \
+            store(4, 100)
+        grad.kind = "gradient"
+        for s in (param, act, grad, act2):
+            assert a.allocate(s)
+        a.free(grad)
+        return a, (param, act, grad, act2)
+
+    a, (param, act, grad, act2) = run(PhaseSidedAllocator(1000))
+    assert (param.block.addr, act.block.addr, act2.block.addr) == (900, 0, 200)
+    assert grad.block is None
+    big = store(5, 600)  # the gradient's hole joined the free space above the activations
+    assert a.allocate(big) and big.block.addr == 300
+    a.check()
+    a, _ = run(make_allocator("segregated", 1000))  # there it split the free space
+    assert a.largest_free_block() == 550 and not a.allocate(store(5, 600))
+
+
 def test_pools_need_finite_capacity_and_know_their_names():
-    for name in ("best-fit", "segregated", "two-sided", "size-sided"):
+    for name in ("best-fit", "segregated", "two-sided", "size-sided", "phase-sided"):
         assert make_allocator(name, 64).name == name
         try:
             make_allocator(name, float("inf"))

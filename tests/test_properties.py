@@ -315,7 +315,8 @@ def test_compacting_the_stale_marks_changes_no_decision(instrs, fraction, alloca
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 @given(instrs=programs(),
-       allocator=st.sampled_from(["fungible", "best-fit", "two-sided", "size-sided"]))
+       allocator=st.sampled_from(["fungible", "best-fit", "two-sided", "size-sided",
+                                  "phase-sided"]))
 def test_budget_holding_every_storage_never_evicts(instrs, allocator):
     """Without frees for good every byte ever allocated fits; best fit never fragments
     such a pool (the hole every placement comes from only shrinks by what it holds)."""

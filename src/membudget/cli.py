@@ -83,9 +83,9 @@ def _ratio(value: float | None) -> str:
 
 
 POLICY_HELP = "Eviction policy (default: dtr-compact, see the README)."
-ALLOCATOR_HELP = ("Memory pool: fungible, best-fit, segregated, two-sided, size-sided or "
-                  "torch-caching (default: the policy's own; dtr-compact: segregated, coop: "
-                  "two-sided, dte/megengine: best-fit, else fungible).")
+ALLOCATOR_HELP = ("Memory pool: fungible, best-fit, segregated, two-sided, size-sided, "
+                  "phase-sided or torch-caching (default: the policy's own; dtr-compact: "
+                  "segregated, coop: two-sided, dte/megengine: best-fit, else fungible).")
 INPLACE_HELP = ("In-place writes: cow (copy-on-write) or remat (recomputable in-place; "
                 "default for coop).")
 SWAP_HELP = ("Where evicted values go: off (dropped and recomputed), only (copied to host "

@@ -37,7 +37,7 @@ class OutOfBudget(MembudgetError, MemoryError):
     """
 
     #: pools that keep pinned blocks together, away from the rest
-    GROUPING = ("two-sided", "size-sided", "segregated")
+    GROUPING = ("two-sided", "size-sided", "phase-sided", "segregated")
 
     def __init__(self, *, op: object, request_bytes: int, unevictable_bytes: int,
                  budget_bytes: float, largest_free_bytes: float | None = None,

@@ -6,6 +6,7 @@ from membudget.core.allocators.base import AllocationObserver, Allocator
 from membudget.core.allocators.best_fit import BestFitAllocator
 from membudget.core.allocators.block import Block
 from membudget.core.allocators.fungible import FungibleAllocator
+from membudget.core.allocators.phase_sided import PhaseSidedAllocator
 from membudget.core.allocators.segregated import SegregatedAllocator
 from membudget.core.allocators.size_sided import SizeSidedAllocator
 from membudget.core.allocators.torch_caching import TorchCachingAllocator
@@ -14,7 +15,8 @@ from membudget.errors import UnknownNameError
 
 ALLOCATORS: dict[str, type[Allocator]] = {
     cls.name: cls for cls in (FungibleAllocator, BestFitAllocator, SegregatedAllocator,
-                              TwoSidedAllocator, SizeSidedAllocator, TorchCachingAllocator)
+                              TwoSidedAllocator, SizeSidedAllocator, PhaseSidedAllocator,
+                              TorchCachingAllocator)
 }
 
 
@@ -34,7 +36,7 @@ def make_allocator(name: str, capacity: float) -> Allocator:
 
 
 __all__ = ["ALLOCATORS", "AllocationObserver", "Allocator", "BestFitAllocator", "Block",
-           "FungibleAllocator", "SegregatedAllocator", "SizeSidedAllocator",
+           "FungibleAllocator", "PhaseSidedAllocator", "SegregatedAllocator", "SizeSidedAllocator",
            "TorchCachingAllocator",
            "TwoSidedAllocator",
            "layout_names", "make_allocator"]

@@ -24,13 +24,17 @@ class SegregatedAllocator(BestFitAllocator):
     name = "segregated"
 
     def allocate(self, s: Storage) -> bool:
-        if not (s.pinned and s.nbytes):
+        if not (self._on_top(s) and s.nbytes):
             return super().allocate(s)
         hole = self._topmost_fit(s.nbytes)
         if hole is None:
             return False
         self._place(hole, s, low=False)
         return True
+
+    def _on_top(self, s: Storage) -> bool:
+        """Does ``s`` go in the topmost hole that fits (beside the pinned state)?"""
+        return s.pinned
 
     def _topmost_fit(self, n: int) -> Block | None:
         """The highest-address hole of at least ``n`` bytes."""
