@@ -31,3 +31,20 @@ def test_a_fresh_build_is_not_stale(tmp_path):
     (package / "pool.py").write_text("")
     (package / f"pool{EXTENSION_SUFFIXES[0]}").write_bytes(b"")
     assert _stale_sources(package) == []
+
+
+def test_a_rebuild_that_left_a_modules_shim_untouched_is_not_stale(tmp_path):
+    """The group library holds the compiled code; the shim beside a source may be older."""
+    package = tmp_path / "membudget" / "core"
+    package.mkdir(parents=True)
+    suffix = EXTENSION_SUFFIXES[0]
+    shim, source = package / f"pool{suffix}", package / "pool.py"
+    shim.write_bytes(b"")
+    source.write_text("")
+    built = shim.stat().st_mtime
+    os.utime(source, (built + 10, built + 10))
+    assert _stale_sources(package) == ["membudget/core/pool.py"]
+    group = tmp_path / f"membudget_core__mypyc{suffix}"
+    group.write_bytes(b"")
+    os.utime(group, (built + 20, built + 20))
+    assert _stale_sources(package) == []

@@ -19,12 +19,17 @@ COMPILED = not _engine.__file__.endswith(".py")
 
 def _stale_sources(package: Path) -> list[str]:
     """Sources under ``package`` changed after they were compiled (an editable install keeps
-    running the compiled modules beside them until it is rebuilt)."""
+    running the compiled modules beside them until it is rebuilt). Each module beside its
+    source is a shim into one group library that holds all the compiled code; a rebuild may
+    leave a shim untouched, so a source counts as built when either is newer."""
+    root = package.parent.parent
+    group = max((p.stat().st_mtime for s in EXTENSION_SUFFIXES
+                 for p in root.glob("membudget_core__mypyc" + s)), default=0.0)
     stale = []
     for built in {p for s in EXTENSION_SUFFIXES for p in package.rglob("*" + s)}:
         source = built.with_name(built.name.split(".")[0] + ".py")
-        if source.exists() and source.stat().st_mtime > built.stat().st_mtime + 1:
-            stale.append(str(source.relative_to(package.parent.parent)))
+        if source.exists() and source.stat().st_mtime > max(built.stat().st_mtime, group) + 1:
+            stale.append(str(source.relative_to(root)))
     return sorted(stale)
 
 
