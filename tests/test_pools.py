@@ -135,13 +135,12 @@ def test_size_sided_puts_large_storages_low_small_ones_high_and_pinned_at_the_to
 
 def test_phase_sided_packs_what_backward_makes_from_the_top_beside_the_pinned_state():
     def run(a):
-        param, act, grad, act2 = store(1, 100, pinned=True), store(2, 200), store(3, 50), \
-            store(4, 100)
-        grad.kind = "gradient"
-        for s in (param, act, grad, act2):
+        storages = store(1, 100, pinned=True), store(2, 200), store(3, 50), store(4, 100)
+        storages[2].kind = "gradient"  # made in backward
+        for s in storages:
             assert a.allocate(s)
-        a.free(grad)
-        return a, (param, act, grad, act2)
+        a.free(storages[2])
+        return a, storages
 
     a, (param, act, grad, act2) = run(PhaseSidedAllocator(1000))
     assert (param.block.addr, act.block.addr, act2.block.addr) == (900, 0, 200)
