@@ -46,6 +46,7 @@ def refused(result: subprocess.CompletedProcess, words: str) -> bool:
     ["timeline", "{t}", "--ratio", "0.5", "-o", "{t}"],
     ["timeline", "{t}", "--ratio", "0.5", "-o", "{d}/t.png", "--snapshot", "{t}"],
     ["optimum", "{t}", "--ratio", "0.5", "--plan-out", "{t}"],
+    ["layout", "{t}", "--ratio", "0.5", "-o", "{t}"],
 ])
 def test_an_output_that_is_an_input_is_refused_and_the_input_kept(trace_file, tmp_path,
                                                                    command):
@@ -118,6 +119,9 @@ def test_check_output_compares_files_not_names(tmp_path):
     (["sweep", "{t}", "--policies", ","], "--policies is empty"),
     (["sweep", "{t}", "--swap", ""], "--swap is empty"),
     (["optimum", "{t}", "--ratio", "0.5", "--time-limit", "-1"], "--time-limit"),
+    (["layout", "{t}", "--ratio", "0.5", "--time-limit", "0"], "--time-limit"),
+    (["layout", "{t}", "--ratio", "0.5", "--policy", "nope"], "unknown policy 'nope'"),
+    (["layout", "{t}", "--ratio", "0.5", "--policy", "coop"], "chooses by addresses"),
     (["plan", "{t}", "--solver", "nope"], "unknown --solver 'nope'"),
     (["plan", "{t}", "--time-limit", "nan"], "--time-limit"),
     (["timeline", "{t}", "--ratio", "-0.5", "-o", "x.png"], "--ratio"),

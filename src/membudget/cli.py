@@ -285,6 +285,88 @@ def optimum(
 
 
 @app.command()
+def layout(
+    trace: Annotated[str, typer.Argument(help="A membudget trace or a DTR log "
+                                              "(archive.zip::member).")],
+    ratio: Annotated[float | None, typer.Option(help="Budget as a fraction of the "
+                                                     "unconstrained peak.")] = None,
+    budget: Annotated[str | None, typer.Option(help="Budget in bytes (units allowed: "
+                                                    "6GB, 1.5 GiB).")] = None,
+    policy: Annotated[str, typer.Option(help="Policy whose schedule is laid out (its run "
+                                             "on the fungible pool).")] = "dtr",
+    time_limit: Annotated[float, typer.Option(help="Seconds for each packing.")] = 5.0,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="The lifetimes and "
+                                                "their offsets as a MiniMalloc solution "
+                                                "CSV; written only if they fit.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Planned tensor locations for a step that repeats: run POLICY on the fungible pool
+    (no addresses), log every storage's lifetime (made, evicted, recomputed, freed) and
+    pack them into an arena of the budget's bytes, checked by the independent validator.
+
+    If they fit, every later step can run that schedule with each storage at its offset:
+    the fungible pool's overhead on address-ordered memory, no fragmentation. If not, the
+    run is repeated 1, 2 and 4 % below the budget. Exit 0 if a layout fits, else 1."""
+    from membudget.plan.minimalloc_csv import write_csv
+    from membudget.plan.run_layout import check_policy, lay_out
+    from membudget.trace import load_trace
+
+    if (ratio is None) == (budget is None):
+        raise MembudgetError("give exactly one of --ratio and --budget")
+    _positive(ratio, "--ratio")
+    _positive(time_limit, "--time-limit")
+    check_policy(policy)
+    try:
+        nbytes = None if budget is None else parse_bytes(budget)
+    except ValueError as e:
+        raise MembudgetError(str(e)) from None
+    if output is not None:
+        check_output(output, [trace])
+    with _no_result_at_ctrl_c():
+        tr = load_trace(trace)
+        with err.status(escape(f"laying out {tr.name}")):
+            lay = lay_out(tr, budget=nbytes, ratio=ratio, policy=policy, time_limit=time_limit)
+    p, run = lay.packing, lay.run
+    if output is not None and lay.fits:
+        assert lay.problem is not None and p is not None
+        write_csv(output, lay.problem.with_offsets(p.offsets))
+    if as_json:
+        print(json.dumps({
+            "trace": tr.name, "budget_bytes": lay.budget, "run_budget_bytes": lay.run_budget,
+            "status": run.status, "overhead": run.overhead if run.status == "ok" else None,
+            "fits": lay.fits, "height": None if p is None else p.height,
+            "max_load": None if p is None else p.max_load,
+            "buffers": None if p is None else len(p.offsets),
+            "method": None if p is None else p.method,
+            "interrupted": p is not None and p.interrupted,
+            "tried": [{"run_budget_bytes": b, "height": h} for b, h in lay.tried]}))
+    else:
+        out.print(f"[bold]{escape(tr.name)}[/] · budget {format_bytes(lay.budget)} · "
+                  f"{escape(policy)} on the fungible pool", markup=True)
+        for b, h in lay.tried:
+            out.print(f"run at {format_bytes(b)}: " + (
+                "did not complete" if h is None else
+                f"packed in {format_bytes(h)} ({h / lay.budget:.2%} of the budget)"))
+        if run.status != "ok":
+            out.print(f"status    {run.status}: no schedule to lay out")
+        else:
+            out.print(f"overhead  {100 * run.overhead:.2f}% (run at "
+                      f"{format_bytes(lay.run_budget)})")
+        if p is not None:
+            out.print(f"layout    {len(p.offsets):,} lifetimes, height {p.height:,} B, max "
+                      f"load {p.max_load:,} B, by {p.method}"
+                      + (" (interrupted: the best so far)" if p.interrupted else ""))
+        out.print("fits the budget" if lay.fits else "does NOT fit the budget")
+        if output is not None:
+            err.print(f"wrote {output}" if lay.fits else
+                      f"did not write {output}: no layout fits the budget")
+    if p is not None and p.interrupted:
+        raise typer.Exit(EXIT_CODE)
+    if not lay.fits:
+        raise typer.Exit(1)
+
+
+@app.command()
 def sweep(
     traces: Annotated[list[str], typer.Argument(help="Traces or DTR logs; a .zip stands for "
                                                      "all its logs.")],
