@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from membudget.core.allocators.base import Allocator
+from membudget.core.allocators.fungible import FungibleAllocator
 from membudget.core.engine import Engine
 from membudget.core.policies import make_policy
 from membudget.core.records import Storage
@@ -28,11 +28,9 @@ from membudget.trace.format import Trace
 SHRINKS = (0.0, 0.01, 0.02, 0.04)  # run budgets tried, as shares below the budget
 
 
-class LifetimeLog(Allocator):
-    """The fungible pool (only the byte total matters) that logs each storage's lifetime
-    as a half-open interval of allocation events: ``[made, given back)``."""
-
-    name = "fungible"
+class LifetimeLog(FungibleAllocator):
+    """The fungible pool (only the byte total matters), logging each storage's lifetime as a
+    half-open interval of allocation events: ``[made, given back)``."""
 
     def __init__(self, capacity: float) -> None:
         super().__init__(capacity)
@@ -41,24 +39,21 @@ class LifetimeLog(Allocator):
         self.closed: list[tuple[int, int, int]] = []  # (start, end, bytes)
 
     def allocate(self, s: Storage) -> bool:
-        used = self.used + s.nbytes
-        if used > self.capacity:
+        if not super().allocate(s):
             return False
-        self.used = used
-        self.peak = max(self.peak, used)
         self.events += 1
         self.open[id(s)] = (self.events, s.nbytes)
         return True
 
     def free(self, s: Storage) -> None:
-        self.used -= s.nbytes
+        super().free(s)
         self.events += 1
         start, nbytes = self.open.pop(id(s))
         self.closed.append((start, self.events, nbytes))
 
     def transfer(self, old: Storage, new: Storage) -> None:
         """An in-place update: ``new`` keeps the bytes (and so the interval) of ``old``."""
-        self.used += new.nbytes - old.nbytes
+        super().transfer(old, new)
         start, nbytes = self.open.pop(id(old))
         self.open[id(new)] = (start, max(nbytes, new.nbytes))
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from mypy_extensions import mypyc_attr
+
 from membudget.core.allocators.base import Allocator
 from membudget.core.records import Storage
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (plan.run_layout logs its lifetimes)
 class FungibleAllocator(Allocator):
     """Any ``n`` free bytes can hold an ``n``-byte storage: no layout, no fragmentation."""
 
