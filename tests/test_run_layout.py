@@ -50,11 +50,14 @@ def test_dtrs_schedule_on_the_unet_log_fits_the_budget_where_the_default_pays_fo
     assert lay.run.overhead < default.overhead
 
 
-def test_a_run_that_does_not_complete_has_no_layout():
-    lay = lay_out(resnet_step(depth=8, batch=64), ratio=0.3, time_limit=1)
+def test_a_run_that_does_not_complete_has_no_layout_and_each_run_is_reported():
+    heard: list[str] = []
+    lay = lay_out(resnet_step(depth=8, batch=64), ratio=0.3, time_limit=1, progress=heard.append)
     assert lay.run.status != "ok" and not lay.fits
     assert lay.packing is None and lay.problem is None
     assert [h for _, h in lay.tried] == [None] * len(SHRINKS)
+    assert [m.split(":")[0] for m in heard] == [f"run {k} of {len(SHRINKS)}"
+                                                for k in range(1, len(SHRINKS) + 1)]
 
 
 def test_bad_arguments_are_named():

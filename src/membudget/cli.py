@@ -324,8 +324,10 @@ def layout(
         check_output(output, [trace])
     with _no_result_at_ctrl_c():
         tr = load_trace(trace)
-        with err.status(escape(f"laying out {tr.name}")):
-            lay = lay_out(tr, budget=nbytes, ratio=ratio, policy=policy, time_limit=time_limit)
+        with err.status(escape(f"laying out {tr.name}")) as status:
+            lay = lay_out(tr, budget=nbytes, ratio=ratio, policy=policy, time_limit=time_limit,
+                          progress=lambda m: status.update(escape(f"laying out {tr.name}: "
+                                                                  f"{m}")))
     p, run = lay.packing, lay.run
     if output is not None and lay.fits:
         assert lay.problem is not None and p is not None

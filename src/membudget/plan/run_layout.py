@@ -20,7 +20,7 @@ from membudget.core.engine import Engine
 from membudget.core.policies import make_policy
 from membudget.core.records import Storage
 from membudget.errors import MembudgetError
-from membudget.plan.pack import PackResult, pack
+from membudget.plan.pack import PackResult, Progress, pack
 from membudget.plan.problem import Buffer, Problem
 from membudget.sim.simulate import Baseline, SimResult, measure_baseline, simulate
 from membudget.trace.format import Trace
@@ -116,31 +116,38 @@ def logged_run(trace: Trace, policy: str, budget: int,
 
 def lay_out(trace: Trace, *, budget: int | None = None, ratio: float | None = None,
             policy: str = "dtr", time_limit: float = 5.0,
-            shrinks: tuple[float, ...] = SHRINKS,
-            baseline: Baseline | None = None) -> RunLayout:
+            shrinks: tuple[float, ...] = SHRINKS, baseline: Baseline | None = None,
+            progress: Progress | None = None) -> RunLayout:
     """Run ``policy`` on the fungible pool at the budget and pack its lifetimes into the
     budget's bytes (``time_limit`` seconds for each packing); if they do not fit, run again
     at each budget of ``shrinks`` below it. Returns the first that fits, else the last
-    tried (or the one whose packing Ctrl-C stopped)."""
+    tried (or the one whose packing Ctrl-C stopped). ``progress`` hears each step."""
     if (ratio is None) == (budget is None):
         raise MembudgetError("give exactly one of ratio and budget")
+    if not shrinks or any(not 0 <= s < 1 for s in shrinks):
+        raise MembudgetError(f"shrinks must be shares in [0, 1), got {shrinks!r}")
     check_policy(policy)
+    say = progress or (lambda _message: None)
     base = baseline or measure_baseline(trace)
     if ratio is not None:
         budget = int(base.peak_bytes * ratio)
     assert budget is not None
-    if not shrinks or any(not 0 <= s < 1 for s in shrinks):
-        raise MembudgetError(f"shrinks must be shares in [0, 1), got {shrinks!r}")
     tried: list[tuple[int, int | None]] = []
     result: RunLayout | None = None
-    for share in shrinks:
+    for k, share in enumerate(shrinks):
         run_budget = math.floor(budget * (1 - share))
+        step = f"run {k + 1} of {len(shrinks)}"
+        say(f"{step}: {policy} at {run_budget:,} B")
         run, log = logged_run(trace, policy, run_budget, base)
         problem: Problem | None = None
         packing: PackResult | None = None
         if log is not None:
             problem = log.problem()
-            packing = pack(problem, capacity=budget, time_limit=time_limit)
+
+            def heard(message: str, step: str = step) -> None:
+                say(f"{step}: {message}")
+
+            packing = pack(problem, capacity=budget, time_limit=time_limit, progress=heard)
         tried.append((run_budget, None if packing is None else packing.height))
         result = RunLayout(budget, run_budget, run, problem, packing, tried)
         if result.fits or (packing is not None and packing.interrupted):
