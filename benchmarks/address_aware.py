@@ -224,6 +224,16 @@ def paired(results: list[SimResult], method: str, rivals: list[str]) -> str:
     return "\n".join(lines)
 
 
+def last_run(stem: Path) -> tuple[dict, list[SimResult], list[str], list[float]]:
+    """The JSON a run wrote beside its page ``stem``.md: the whole object, its results, the
+    traces and the ratios (largest first)."""
+    raw = json.loads(Path(f"{stem}.json").read_text())
+    results = [SimResult(**r) for r in raw["results"]]
+    names = list(dict.fromkeys(r.trace for r in results))
+    ratios = sorted({r.ratio for r in results if r.ratio is not None}, reverse=True)
+    return raw, results, names, ratios
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -240,11 +250,8 @@ def main() -> None:
     command = " ".join(["python", "benchmarks/address_aware.py", *sys.argv[1:]])
 
     if args.replot:
-        raw = json.loads(Path(f"{stem}.json").read_text())
-        results = [SimResult(**r) for r in raw["results"]]
+        raw, results, names, ratios = last_run(stem)
         command, date, machine, wall = raw["command"], raw["date"], raw["machine"], raw["wall"]
-        names = list(dict.fromkeys(r.trace for r in results))
-        ratios = sorted({r.ratio for r in results if r.ratio is not None}, reverse=True)
     else:
         t0 = time.perf_counter()
         traces = load(args.quick)

@@ -24,7 +24,17 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from address_aware import LIMIT, RATIOS, against_limit, beats, limit_line, load, paired, summary
+from address_aware import (
+    LIMIT,
+    RATIOS,
+    against_limit,
+    beats,
+    last_run,
+    limit_line,
+    load,
+    paired,
+    summary,
+)
 
 from membudget.bench.sweep import sweep
 from membudget.plan.run_layout import SHRINKS, lay_out
@@ -137,13 +147,9 @@ def main() -> None:
     stem = out.with_suffix("")
     command = " ".join(["python", "benchmarks/planned_layout.py", *sys.argv[1:]])
     if args.replot:
-        raw = json.loads(Path(f"{stem}.json").read_text())
-        results = [SimResult(**r) for r in raw["results"]]
-        layouts = raw["layouts"]
+        raw, results, names, ratios = last_run(stem)
         command, date, machine, wall = raw["command"], raw["date"], raw["machine"], raw["wall"]
-        time_limit = raw.get("time_limit", args.time_limit)
-        names = list(dict.fromkeys(r.trace for r in results))
-        ratios = sorted({r.ratio for r in results if r.ratio is not None}, reverse=True)
+        layouts, time_limit = raw["layouts"], raw["time_limit"]
     else:
         t0 = time.perf_counter()
         traces = load(args.quick)

@@ -68,6 +68,18 @@ def _positive(value: float | None, option: str) -> float | None:
     return value
 
 
+def _budget(ratio: float | None, budget: str | None) -> int | None:
+    """The budget in bytes from ``--budget`` (None when ``--ratio`` is given instead), once
+    exactly one of them is given and it is valid."""
+    if (ratio is None) == (budget is None):
+        raise MembudgetError("give exactly one of --ratio and --budget")
+    _positive(ratio, "--ratio")
+    try:
+        return None if budget is None else parse_bytes(budget)
+    except ValueError as e:
+        raise MembudgetError(str(e)) from None
+
+
 @contextmanager
 def _no_result_at_ctrl_c() -> Iterator[None]:
     """Ctrl-C before a solve has a result (or a second one during it): one line, exit 130."""
@@ -135,14 +147,8 @@ def simulate(
     from membudget.sim.simulate import measure_baseline
     from membudget.trace import load_trace
 
-    if (ratio is None) == (budget is None):
-        raise MembudgetError("give exactly one of --ratio and --budget")
-    _positive(ratio, "--ratio")
+    nbytes = _budget(ratio, budget)
     limit = _limit(overhead_limit)
-    try:
-        nbytes = None if budget is None else parse_bytes(budget)
-    except ValueError as e:
-        raise MembudgetError(str(e)) from None
     tr = load_trace(trace)
     base = measure_baseline(tr)
     result = run(tr, policy, ratio=ratio, budget=nbytes, semantics=semantics,
@@ -233,14 +239,8 @@ def optimum(
     from membudget.plan.optimum import optimum as solve
     from membudget.trace import load_trace
 
-    if (ratio is None) == (budget is None):
-        raise MembudgetError("give exactly one of --ratio and --budget")
-    _positive(ratio, "--ratio")
+    nbytes = _budget(ratio, budget)
     _positive(time_limit, "--time-limit")
-    try:
-        nbytes = None if budget is None else parse_bytes(budget)
-    except ValueError as e:
-        raise MembudgetError(str(e)) from None
     if plan_out is not None:
         check_output(plan_out, [trace])
     try:
@@ -311,15 +311,9 @@ def layout(
     from membudget.plan.run_layout import check_policy, lay_out
     from membudget.trace import load_trace
 
-    if (ratio is None) == (budget is None):
-        raise MembudgetError("give exactly one of --ratio and --budget")
-    _positive(ratio, "--ratio")
+    nbytes = _budget(ratio, budget)
     _positive(time_limit, "--time-limit")
     check_policy(policy)
-    try:
-        nbytes = None if budget is None else parse_bytes(budget)
-    except ValueError as e:
-        raise MembudgetError(str(e)) from None
     if output is not None:
         check_output(output, [trace])
     with _no_result_at_ctrl_c():
