@@ -36,6 +36,7 @@ from address_aware import (
     summary,
 )
 
+from membudget.bench.report import git_state
 from membudget.bench.sweep import sweep
 from membudget.plan.run_layout import SHRINKS, lay_out
 from membudget.sim.simulate import SimResult, measure_baseline
@@ -149,7 +150,7 @@ def main() -> None:
     if args.replot:
         raw, results, names, ratios = last_run(stem)
         command, date, machine, wall = raw["command"], raw["date"], raw["machine"], raw["wall"]
-        layouts, time_limit = raw["layouts"], raw["time_limit"]
+        layouts, time_limit, code = raw["layouts"], raw["time_limit"], raw["code"]
     else:
         t0 = time.perf_counter()
         traces = load(args.quick)
@@ -165,13 +166,14 @@ def main() -> None:
         machine = (f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, "
                    f"Python {platform.python_version()}")
         time_limit = args.time_limit
+        code = git_state(ROOT)
     fits = sum(lay["fits"] for lay in layouts)
     used = sum(r.extra["laid_out"] for r in results if r.method == PLANNED)
     *_, misses = against_limit(results, PLANNED)
     lost = beats(results, PLANNED, RIVALS, names, ratios)
     lines = [
         "# Planned tensor locations for a repeated step: DTR's schedule at OLLA's offsets", "",
-        f"Produced by `{command}` on {date} ({machine}). Wall time {wall:.0f} s.", "",
+        f"Produced by `{command}` on {date} ({machine}, {code}). Wall time {wall:.0f} s.", "",
         "The traces and ratios of [address-aware.md](address-aware.md) (the DTR paper's logs "
         "and Coop's zoo at its paper batch sizes), on the best-fit pool: an arena of the "
         "budget's bytes. **planned layout** is for a step that repeats, as a training "
@@ -207,7 +209,7 @@ def main() -> None:
     out.write_text("\n".join(lines) + "\n")
     Path(f"{stem}.json").write_text(json.dumps(
         {"command": command, "date": date, "machine": machine, "wall": wall,
-         "time_limit": time_limit, "layouts": layouts,
+         "code": code, "time_limit": time_limit, "layouts": layouts,
          "results": [r.to_json() for r in results]}, indent=1) + "\n")
     print("\n".join(lines[:24]))
     print(f"wall time {wall:.0f} s; wrote {out}, {stem}.json")
