@@ -102,6 +102,13 @@ INPLACE_HELP = ("In-place writes: cow (copy-on-write) or remat (recomputable in-
                 "default for coop).")
 SWAP_HELP = ("Where evicted values go: off (dropped and recomputed), only (copied to host "
              "memory and back) or both (whichever is cheaper to undo).")
+# the trace a command reads, and its budget given one way or the other (read by _budget)
+TraceArgument = Annotated[str, typer.Argument(help="A membudget trace or a DTR log "
+                                                   "(archive.zip::member reads inside a zip).")]
+RatioOption = Annotated[float | None, typer.Option(help="Budget as a fraction of the "
+                                                        "unconstrained peak.")]
+BudgetOption = Annotated[str | None, typer.Option(help="Budget in bytes (units allowed: "
+                                                       "'8GB', '1.5GiB').")]
 
 
 @import_app.command("dtr-log")
@@ -121,16 +128,13 @@ def import_dtr_log(
 
 @app.command()
 def simulate(
-    trace: Annotated[str, typer.Argument(help="A membudget trace or a DTR log "
-                                              "(archive.zip::member reads inside a zip).")],
+    trace: TraceArgument,
     policy: Annotated[str, typer.Option(help=POLICY_HELP)] = "default",
     allocator: Annotated[str | None, typer.Option(help=ALLOCATOR_HELP)] = None,
     inplace: Annotated[str | None, typer.Option(help=INPLACE_HELP)] = None,
     swap: Annotated[str, typer.Option(help=SWAP_HELP)] = "off",
-    ratio: Annotated[float | None, typer.Option(help="Budget as a fraction of the "
-                                                     "unconstrained peak.")] = None,
-    budget: Annotated[str | None, typer.Option(help="Budget in bytes (units allowed: "
-                                                    "'8GB', '1.5GiB').")] = None,
+    ratio: RatioOption = None,
+    budget: BudgetOption = None,
     semantics: Annotated[str, typer.Option(help="membudget, or simrd for the DTR paper's "
                                                 "simulator accounting.")] = "membudget",
     overhead_limit: Annotated[float, typer.Option(help="Give up ('thrashed') once executed "
@@ -210,12 +214,9 @@ def simulate(
 
 @app.command()
 def optimum(
-    trace: Annotated[str, typer.Argument(help="A membudget trace or a DTR log "
-                                              "(archive.zip::member).")],
-    ratio: Annotated[float | None, typer.Option(help="Budget as a fraction of the "
-                                                     "unconstrained peak.")] = None,
-    budget: Annotated[str | None, typer.Option(help="Budget in bytes (units allowed: "
-                                                    "6GB, 1.5 GiB).")] = None,
+    trace: TraceArgument,
+    ratio: RatioOption = None,
+    budget: BudgetOption = None,
     time_limit: Annotated[float, typer.Option(help="Seconds for the whole search (about).")]
     = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -286,12 +287,9 @@ def optimum(
 
 @app.command()
 def layout(
-    trace: Annotated[str, typer.Argument(help="A membudget trace or a DTR log "
-                                              "(archive.zip::member).")],
-    ratio: Annotated[float | None, typer.Option(help="Budget as a fraction of the "
-                                                     "unconstrained peak.")] = None,
-    budget: Annotated[str | None, typer.Option(help="Budget in bytes (units allowed: "
-                                                    "6GB, 1.5 GiB).")] = None,
+    trace: TraceArgument,
+    ratio: RatioOption = None,
+    budget: BudgetOption = None,
     policy: Annotated[str, typer.Option(help="Policy whose schedule is laid out (its run "
                                              "on the fungible pool).")] = "dtr",
     time_limit: Annotated[float, typer.Option(help="Seconds for each packing.")] = 5.0,
