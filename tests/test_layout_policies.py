@@ -319,11 +319,13 @@ def test_cli_timeline_writes_a_png_and_a_snapshot_torch_reads(tmp_path):
 def test_a_fragmented_pool_suggests_only_a_pool_it_is_not():
     """The out-of-memory hint names a pool that keeps pinned blocks together only when the
     run was not on one already."""
+    from membudget.core.allocators import ALLOCATORS
     from membudget.errors import OutOfBudget
 
     split = {"op": "f", "request_bytes": 100, "unevictable_bytes": 50, "budget_bytes": 200,
              "largest_free_bytes": 80}
-    assert "(two-sided or segregated)" in str(OutOfBudget(**split, allocator="best-fit"))
-    for pool in OutOfBudget.GROUPING:
-        message = str(OutOfBudget(**split, allocator=pool))
-        assert "largest block" in message and "use a pool" not in message
+    assert "(two-sided or segregated)" in str(OutOfBudget(**split))
+    message = str(OutOfBudget(**split, pinned_apart=True))
+    assert "largest block" in message and "use a pool" not in message
+    grouping = {name for name, cls in ALLOCATORS.items() if cls.keeps_pinned_apart}
+    assert grouping == {"segregated", "two-sided", "size-sided", "phase-sided"}

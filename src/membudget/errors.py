@@ -36,14 +36,11 @@ class OutOfBudget(MembudgetError, MemoryError):
     ``allocator`` names the pool, so that the message suggests only another one.
     """
 
-    #: pools that keep pinned blocks together, away from the rest
-    GROUPING = ("two-sided", "size-sided", "phase-sided", "segregated")
-
     def __init__(self, *, op: object, request_bytes: int, unevictable_bytes: int,
                  budget_bytes: float, largest_free_bytes: float | None = None,
-                 allocator: str | None = None) -> None:
+                 pinned_apart: bool = False) -> None:
         self.op = op
-        self.allocator = allocator
+        self.pinned_apart = pinned_apart  # the pool keeps pinned blocks together already
         self.request_bytes = request_bytes
         self.unevictable_bytes = unevictable_bytes
         self.needed_bytes = request_bytes + unevictable_bytes
@@ -61,7 +58,7 @@ class OutOfBudget(MembudgetError, MemoryError):
                    f"the {int(budget_bytes):,} B pool can give is "
                    f"{int(self.largest_free_bytes):,} B (fragmentation, or the allocator's "
                    "segment sizes); raise the budget (`membudget simulate --min-budget` finds "
-                   "the least that works)" + ("" if allocator in self.GROUPING else
+                   "the least that works)" + ("" if pinned_apart else
                                               " or use a pool that keeps pinned blocks "
                                               "together (two-sided or segregated)"))
         super().__init__(f"out of budget running {excerpt(op, 120)}: {why}")
@@ -137,4 +134,4 @@ class BudgetTooSmallError(OutOfBudget):
     def from_oob(cls, e: OutOfBudget) -> BudgetTooSmallError:
         return cls(op=e.op, request_bytes=e.request_bytes, unevictable_bytes=e.unevictable_bytes,
                    budget_bytes=e.budget_bytes, largest_free_bytes=e.largest_free_bytes,
-                   allocator=e.allocator)
+                   pinned_apart=e.pinned_apart)

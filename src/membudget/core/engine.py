@@ -620,7 +620,7 @@ class Engine:
                 raise OutOfBudget(op=op, request_bytes=alloc.block_bytes(s.nbytes),
                                   unevictable_bytes=alloc.used, budget_bytes=alloc.capacity,
                                   largest_free_bytes=alloc.largest_free_block(),
-                                  allocator=alloc.name)
+                                  pinned_apart=alloc.keeps_pinned_apart)
             chosen = victims(pool, self.clock, s)
             searched += perf_counter_ns() - t0
             for victim in chosen:

@@ -39,6 +39,7 @@ class Allocator(ABC):
 
     name: ClassVar[str] = ""
     has_layout: ClassVar[bool] = False
+    keeps_pinned_apart: ClassVar[bool] = False  # pinned blocks kept together, away from the rest
 
     def __init__(self, capacity: float) -> None:
         if capacity < 0:

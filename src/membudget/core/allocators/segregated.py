@@ -22,6 +22,7 @@ class SegregatedAllocator(BestFitAllocator):
     """Best fit at the low end of the hole; pinned storages in the topmost hole, high end."""
 
     name = "segregated"
+    keeps_pinned_apart = True
 
     def allocate(self, s: Storage) -> bool:
         if not (self._on_top(s) and s.nbytes):
