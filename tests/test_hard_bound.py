@@ -204,3 +204,41 @@ def test_lstm_without_onednn_writes_its_gates_as_versions():
     assert torch.equal(loss, ref_loss)
     for g, r in zip(grads, ref_grads, strict=True):
         assert torch.equal(g, r)
+
+
+def test_values_handed_back_after_moves_hold_no_stale_memory():
+    """At the session's end the values the program holds are materialized one after another;
+    making room for a later one may move an earlier one (the default policy moves pinned
+    gradients). A value read before such a move kept its old block alive beside the new one,
+    outside the engine's accounting: 7 % over the budget on this Bloom (found by a sweep of
+    models no test was written for)."""
+    from transformers import BloomConfig, BloomForCausalLM
+
+    torch.manual_seed(0)
+    cfg = BloomConfig(vocab_size=300, hidden_size=64, n_layer=2, n_head=4,
+                      hidden_dropout=0.1, attention_dropout=0.1)
+    model = BloomForCausalLM._from_config(cfg).train()
+    ids = torch.randint(0, 300, (4, 64))
+
+    def loss_fn(m):
+        return m(input_ids=ids, labels=ids).loss
+
+    def run():  # the loss and the gradients are read once the session has handed them back
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(7)
+        loss = loss_fn(model)
+        loss.backward()
+        return loss
+
+    ref_loss = run()
+    ref_grads = [p.grad for p in model.parameters()]
+    with membudget.budget(10**10) as free:
+        run()
+    budget = free.stats.peak_bytes // 2
+    with StorageMeter() as meter, membudget.budget(budget, policy="default") as session:
+        loss = run()
+    assert session.stats.moves > 0
+    assert meter.peak_bytes <= budget, meter.peak_bytes - budget
+    assert torch.equal(loss, ref_loss)
+    for p, r in zip(model.parameters(), ref_grads, strict=True):
+        assert torch.equal(p.grad, r)

@@ -57,12 +57,19 @@ def hand_out(session: Session, failed: bool) -> None:
              if type(t) is RematTensor} if failed else set()
     wanted = [(h, w) for h, w in alive if h.defined or not failed or id(w) in state]
     wanted.sort(key=lambda hw: not hw[0].defined)  # the resident ones cost no recomputation
+    pinned = []
     for h, w in wanted:
         try:
-            w._ref.value = kept(session, h)
+            hold(session, h)
         except MembudgetError:
             if not failed:
                 raise
+        else:
+            pinned.append((h, w))
+    # read only once all are in place: making room for one may move another (to a new
+    # block, the old one freed), and a value read before that would hold the old block
+    for h, w in pinned:
+        w._ref.value = session.read(h)
     for tensor in session.leaves.plain():
         g = tensor.grad if tensor.is_leaf else None  # only leaves accumulate gradients
         if type(g) is RematTensor and g._ref.value is not None:
@@ -78,15 +85,15 @@ def hand_out(session: Session, failed: bool) -> None:
             _become_plain(w)
 
 
-def kept(session: Session, h: Tensor) -> torch.Tensor:
-    """The value of ``h``, materialized and pinned; the budget is raised to what that needs
-    if it cannot hold it beside the values pinned before (handed out, or saved)."""
+def hold(session: Session, h: Tensor) -> None:
+    """Materialize and pin ``h``; the budget is raised to what that needs if it cannot hold
+    it beside the values pinned before (handed out, or saved)."""
     eng = session.engine
     assert eng is not None
     while True:
         try:
             session.guarded(lambda: session.pin(h))
-            return session.read(h)
+            return
         except BudgetTooSmallError as e:
             capacity = eng.budget
             if e.needed_bytes <= capacity and eng.allocator.name == "lifted":

@@ -45,7 +45,7 @@ from membudget.runtime.device_memory import DeviceMeter
 from membudget.runtime.executor import TorchExecutor, check_name
 from membudget.runtime.flat import NO_KWARGS, SCALARS, flatten
 from membudget.runtime.gradients import in_backward, pin_made
-from membudget.runtime.handout import hand_out, kept
+from membudget.runtime.handout import hand_out, hold
 from membudget.runtime.leaves import Leaves
 from membudget.runtime.planned import (
     MAX_PLANS,
@@ -276,14 +276,14 @@ class Session(TorchDispatchMode, ContextDecorator):
         with _below(self):  # recomputations run the real ops, not this mode
             return self.guarded(get)
 
-    def keep(self, handle: Tensor) -> torch.Tensor:
-        """The value of ``handle`` for a reader outside the engine that holds on to it
+    def keep(self, handle: Tensor) -> None:
+        """Make ``handle`` ready for a reader outside the engine that holds on to its value
         (pickling: ``torch.save`` holds every storage it saves until it writes the file):
         materialized and pinned, so the engine counts what the reader holds, with the budget
         raised only if it cannot (``stats.beyond_budget_bytes``), so that a save never fails
         half-written."""
         with _below(self):
-            return kept(self, handle)
+            hold(self, handle)
 
     def evict(self, t: RematTensor) -> bool:
         """Drop the data of ``t`` now, as the policy would (False if it cannot be evicted)."""
