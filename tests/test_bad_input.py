@@ -297,3 +297,80 @@ def test_a_record_path_that_cannot_be_written_is_refused_before_the_step(tmp_pat
     with pytest.raises(MembudgetError, match="is a directory"):
         membudget.budget("1 GB", record=tmp_path)  # (before: after the step had run)
     assert membudget.budget(2**30, record=tmp_path / "new" / "t.jsonl").budget_bytes == 2**30
+
+
+def _embedding_bag(sparse):
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(500, 32, sparse=sparse), torch.nn.Tanh(),
+                               torch.nn.Flatten(), torch.nn.Linear(32 * 8, 1))
+
+
+def test_a_sparse_gradient_is_refused_by_name_and_training_goes_on():
+    """A sparse layout has no strided storage to count: the op that makes one is named with
+    the fix, as a NotImplementedError, and eager training continues as if the step never
+    ran (before: torch's "Cannot access storage of SparseTensorImpl" from inside the engine)."""
+    import torch
+
+    import membudget
+
+    model, ref = _embedding_bag(True), _embedding_bag(True)
+    ids = torch.randint(0, 500, (16, 8))
+    refused = pytest.raises(NotImplementedError, match=r"_sparse_coo_tensor.* made a tensor of "
+                                                       r"layout torch.sparse_coo.*sparse=False")
+    with refused, membudget.budget("1 GB"):
+        model(ids).sum().backward()
+    for m in (model, ref):
+        m.zero_grad(set_to_none=True)
+        m(ids).sum().backward()
+        torch.optim.SGD(m.parameters(), lr=0.1).step()
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        assert type(p) is torch.nn.Parameter and torch.equal(p, q)
+    dense = _embedding_bag(False)  # the fix the message names works
+    with membudget.budget("1 GB"):
+        dense(ids).sum().backward()
+    assert dense[0].weight.grad.layout is torch.strided
+
+
+def test_torch_func_transforms_of_functions_are_budgeted_and_of_modules_refused():
+    """Inside a transform the session sees the ops on the tensors the transform wraps: a
+    function's gradient comes out bitwise within the budget (by StorageMeter). A module's
+    state under functional_call is the transform's wrappers, which hold no storage the
+    session can count: refused by name (before: torch's "Cannot access storage of
+    TensorWrapper"), and the same call outside the session still works."""
+    import torch
+    from torch.func import functional_call, grad, vmap
+
+    import membudget
+    from membudget.bench.meter import StorageMeter
+
+    torch.manual_seed(0)
+    weights = [torch.randn(64, 64) / 8 for _ in range(6)]
+    xs = torch.randn(16, 128, 64)
+
+    def f(x):
+        for w in weights:
+            x = torch.tanh(x @ w)
+        return x.pow(2).sum()
+
+    ref = vmap(grad(f))(xs)
+    with membudget.budget(10**10) as free:
+        vmap(grad(f))(xs)
+    budget = int(free.stats.peak_bytes * 0.6)
+    with StorageMeter() as meter, membudget.budget(budget) as session:
+        got = vmap(grad(f))(xs)
+    assert session.stats.evictions > 0 and meter.peak_bytes <= budget
+    assert torch.equal(got, ref)
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, x):
+        return functional_call(model, p, (x,)).sum()
+
+    refused = pytest.raises(membudget.UnsupportedTensorError, match=r"torch\.func transform")
+    with refused, membudget.budget("1 GB"):
+        vmap(grad(loss), in_dims=(None, 0))(params, xs)
+    per_sample = vmap(grad(loss), in_dims=(None, 0))(params, xs)
+    assert per_sample["0.weight"].shape == (16, 32, 64)

@@ -11,13 +11,14 @@ from membudget.errors import (
     Thrashed,
     TraceError,
     UnknownNameError,
+    UnsupportedTensorError,
 )
 
 __version__ = "0.1.0"
 
 __all__ = ["BudgetTooSmallError", "EngineError", "MembudgetError", "OutOfBudget",
-           "RecomputationError", "Thrashed", "TraceError", "UnknownNameError", "__version__",
-           "budget", "reversible"]
+           "RecomputationError", "Thrashed", "TraceError", "UnknownNameError",
+           "UnsupportedTensorError", "__version__", "budget", "reversible"]
 
 
 def __getattr__(name: str) -> Any:

@@ -98,6 +98,15 @@ class EngineError(MembudgetError, RuntimeError):
     """The engine was asked for something its state cannot satisfy (a bug or misuse)."""
 
 
+class UnsupportedTensorError(MembudgetError, NotImplementedError):
+    """A tensor a session cannot budget: one with no strided storage of its own (a sparse or
+    mkldnn layout, a ``torch.func`` transform's wrapper)."""
+
+    def __init__(self, what: str, fix: str = "") -> None:
+        super().__init__(f"{what}: a membudget session counts memory by strided storages and "
+                         f"cannot budget it; run that part outside the session{fix}")
+
+
 class RecomputationError(MembudgetError):
     """A recomputed value differs from what its op made the first time (PyTorch's checkpoint
     calls this its determinism check): the op is not safe to recompute."""

@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import (
 
 from membudget.core.records import Tensor
 from membudget.errors import MembudgetError, OutOfBudget
-from membudget.runtime.sizing import meta_of
+from membudget.runtime.sizing import budgetable, meta_of
 from membudget.runtime.tensor import RematTensor
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ class Leaves:
     def handle(self, x: torch.Tensor) -> Tensor:
         """The engine handle of a plain tensor: one pinned leaf per real storage, counted
         once, and other views of that storage as views of it."""
+        budgetable(x, "an op of the session reads")
         st = x.untyped_storage()
         where = st._cdata  # the storage's identity (fake tensors have no data pointer)
         key = (where, x.dtype, tuple(x.size()), tuple(x.stride()), x.storage_offset())

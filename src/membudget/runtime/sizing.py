@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
 from membudget.core.records import ComputePath, Tensor
+from membudget.errors import UnsupportedTensorError
 from membudget.runtime.call import Slot, below_autograd
 from membudget.runtime.flat import flatten_result, unflatten
 
@@ -138,7 +139,7 @@ def predict(call: Any, path: ComputePath) -> tuple[Layout, tuple, dict, Any] | N
     results = [flat[k] for k in outputs]
     if any(o.device.type != "meta" for o in results):
         return None  # an op that places its result by itself: only a real run tells
-    out_bytes, out_alias = layout_of(results, ins)
+    out_bytes, out_alias = layout_of(results, ins, call.func)
     return (Layout(outputs, out_bytes, out_alias, [meta_of(o) for o in results], 0.0, False,
                    False), args, kwargs, out)
 
@@ -147,7 +148,7 @@ def observed(call: Any, flat: list[Any], real: list[torch.Tensor], cost: float) 
     """The layout a real run made (its result ``flat``, its inputs ``real``)."""
     outputs = [k for k, o in enumerate(flat) if isinstance(o, torch.Tensor)]
     results = [flat[k] for k in outputs]
-    out_bytes, out_alias = layout_of(results, real)
+    out_bytes, out_alias = layout_of(results, real, call.func)
     return Layout(outputs, out_bytes, out_alias, [meta_of(o) for o in results], cost, True, True)
 
 
@@ -211,15 +212,29 @@ def dynamic_shape(func: Any) -> bool:
     return torch.Tag.dynamic_output_shape in func.tags
 
 
-def layout_of(tensors: list[torch.Tensor], inputs: list[torch.Tensor]
+def budgetable(x: torch.Tensor, what: str) -> None:
+    """Refuse, with a clear error, a tensor with no strided storage of its own to count
+    (``what``: where it came from, for the message)."""
+    if x.layout is not torch.strided:
+        raise UnsupportedTensorError(f"{what} a tensor of layout {x.layout}",
+                                     " (for a sparse gradient, use a dense one: "
+                                     "nn.Embedding(..., sparse=False))")
+    if torch._C._functorch.is_functorch_wrapped_tensor(x):
+        raise UnsupportedTensorError(f"{what} a tensor of a torch.func transform (vmap, grad, "
+                                     "jacrev, ...)")
+
+
+def layout_of(tensors: list[torch.Tensor], inputs: list[torch.Tensor], op: object
               ) -> tuple[list[int], list[int] | None]:
-    """Bytes and aliased input of each output (None: no output aliases an input): a view
-    shares its input's storage. Storages are compared by identity, not data pointer, which
-    fake and meta tensors do not have (an output of 0 bytes aliases nothing)."""
+    """Bytes and aliased input of each output of ``op`` (None: no output aliases an input):
+    a view shares its input's storage. Storages are compared by identity, not data pointer,
+    which fake and meta tensors do not have (an output of 0 bytes aliases nothing)."""
     out_bytes = []
     out_alias = None
     owners = None  # looked up only if some output has bytes
     for k, o in enumerate(tensors):
+        if o.layout is not torch.strided:
+            budgetable(o, f"{op} made")
         st = o.untyped_storage()
         nbytes = st.nbytes()
         if nbytes:
