@@ -64,8 +64,11 @@ class Leaves:
     def handle(self, x: torch.Tensor) -> Tensor:
         """The engine handle of a plain tensor: one pinned leaf per real storage, counted
         once, and other views of that storage as views of it."""
-        budgetable(x, "an op of the session reads")
-        st = x.untyped_storage()
+        try:
+            st = x.untyped_storage()
+        except NotImplementedError:  # (a tensor with no storage: say which, and the fix)
+            budgetable(x, "an op of the session reads")
+            raise
         where = st._cdata  # the storage's identity (fake tensors have no data pointer)
         key = (where, x.dtype, tuple(x.size()), tuple(x.stride()), x.storage_offset())
         hit = self.by_view.get(key)
