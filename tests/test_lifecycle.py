@@ -404,3 +404,28 @@ def test_autograd_history_outlives_the_session():
     loss.backward()  # outside the session
     for p, q in zip(model.parameters(), ref_model.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad)
+
+
+def test_an_activation_that_retains_its_grad_is_handed_back_with_it():
+    """``retain_grad()`` makes autograd hold a weak reference to the tensor itself, so torch
+    refuses to swap it for a plain one at the session's end (before: RuntimeError "Expected
+    no weakrefs" from the session's exit, also hiding a BudgetTooSmallError). It stays a
+    wrapper holding its value, with its gradient, and computes as the eager one does."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+    x = torch.randn(64, 16)
+    ref = copy.deepcopy(model)
+    h_ref = ref[0](x)
+    h_ref.retain_grad()
+    ref[1:](h_ref).pow(2).mean().backward()
+    with membudget.budget("1 GB"):
+        h = model[0](x)
+        h.retain_grad()
+        model[1:](h).pow(2).mean().backward()
+    assert torch.equal(h.grad, h_ref.grad) and torch.equal(h, h_ref)
+    with membudget.budget("1 GB"):  # a later session reads it like any tensor
+        assert torch.equal((h * 2).sum(), (h_ref * 2).sum())
+    with pytest.raises(membudget.BudgetTooSmallError), membudget.budget(4096):
+        h = model[0](x)
+        h.retain_grad()
+        model[1:](h).pow(2).mean().backward()

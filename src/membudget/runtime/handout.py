@@ -121,10 +121,18 @@ def _become_plain(w: RematTensor) -> None:
 
 def _swap(a: torch.Tensor, b: torch.Tensor) -> None:
     """Exchange the contents of two tensor objects (``torch.utils.swap_tensors`` without
-    its refusal of weak references: the session's own weak reference to ``a`` is done)."""
+    its refusal of Python weak references: the session's own weak reference to ``a`` is
+    done), unless torch refuses, leaving both unchanged: autograd holds a weak reference to
+    the tensor itself (``retain_grad()``), which must keep seeing the same tensor. Then ``a``
+    stays a wrapper holding its value, as one saved for a backward still to come does."""
+    try:
+        torch._C._swap_tensor_impl(a, b)
+    except RuntimeError as e:
+        if "weakref" not in str(e):
+            raise
+        return
     a.__class__, b.__class__ = b.__class__, a.__class__
     a.__dict__, b.__dict__ = b.__dict__, a.__dict__
-    torch._C._swap_tensor_impl(a, b)
 
 
 __all__ = ["HandOff", "hand_out"]
