@@ -429,3 +429,37 @@ def test_an_activation_that_retains_its_grad_is_handed_back_with_it():
         h = model[0](x)
         h.retain_grad()
         model[1:](h).pow(2).mean().backward()
+
+
+def test_compiled_code_runs_eagerly_inside_a_session_and_compiles_after_it():
+    """A compiled graph's kernels allocate where the session cannot see them: inside a
+    session torch.compile'd code runs eagerly, so the step is eager's bitwise and within the
+    budget, and dynamo does not trace into the session (before: dozens of its warnings and
+    graph breaks). The compiler's stance comes back when the session ends."""
+    from torch._dynamo import eval_frame
+
+    from membudget.bench.meter import StorageMeter
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(10) for m in (nn.Linear(64, 64), nn.GELU())],
+                          nn.Linear(64, 1))
+    x = torch.randn(4096, 64)
+    ref = copy.deepcopy(model)
+    ref_loss = ref(x).pow(2).mean()
+    ref_loss.backward()
+    compiled = torch.compile(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with membudget.budget(10**10) as free:
+            compiled(x).pow(2).mean().backward()
+        model.zero_grad(set_to_none=True)
+        budget = free.stats.peak_bytes // 2
+        with StorageMeter() as meter, membudget.budget(budget) as session:
+            loss = compiled(x).pow(2).mean()
+            loss.backward()
+    assert not [str(w.message) for w in caught if "_dynamo" in w.filename]
+    assert session.stats.evictions > 0 and meter.peak_bytes <= budget
+    assert torch.equal(loss, ref_loss)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad)
+    assert eval_frame._stance.stance == "default"

@@ -115,6 +115,9 @@ class Session(TorchDispatchMode, ContextDecorator):
 
     # ------------------------------------------------------------------ lifetime
     def __enter__(self) -> Session:
+        if torch.compiler.is_compiling():
+            raise MembudgetError("a membudget session cannot be entered inside code that "
+                                 "torch.compile traces; enter it around the compiled call")
         for mode in _get_current_dispatch_mode_stack():
             if isinstance(mode, Session):
                 raise MembudgetError(
@@ -125,7 +128,7 @@ class Session(TorchDispatchMode, ContextDecorator):
         # inside a session, that import leaves reference cycles through the frames of the
         # op being sized, which would keep its tensors alive until the session ends (the
         # cyclic collector is paused then), so it is done here, once per process.
-        import torch._dynamo
+        from torch import _dynamo  # noqa: F401
         fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
         self.executor = TorchExecutor(self.cost, check=self.determinism_check, fake=fake,
                                       link=self.link, move=self.move)
@@ -150,6 +153,9 @@ class Session(TorchDispatchMode, ContextDecorator):
         # collector would only walk the live ones again and again, about 2 µs per op: it is
         # paused while the session runs. Cycles the program makes meanwhile are collected
         # after it (or by an explicit gc.collect()).
+        # Compiled code runs its kernels where the session cannot see them, outside the
+        # budget: while the session is active, torch.compile'd functions run eagerly.
+        self._stance = torch.compiler.set_stance("force_eager")
         TorchDispatchMode.__enter__(self)
         self._gc_was_enabled = gc.isenabled()  # set last: nothing after it can fail
         gc.disable()
@@ -216,6 +222,7 @@ class Session(TorchDispatchMode, ContextDecorator):
         self.executor.values.clear()  # the data goes now, not when a GC pass finds the engine
         self.executor = TorchExecutor()
         self.thread = None
+        self._stance.__exit__(None, None, None)  # the compiler's stance as it was
         if self._gc_was_enabled:
             gc.enable()
 
