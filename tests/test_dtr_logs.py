@@ -106,3 +106,15 @@ def test_half_budget_dtr_eq_respects_the_budget(runs, prefix):
     if r.status == "ok":
         assert r.ops == base.ops
         assert r.overhead == pytest.approx(r.remat_cost / base.cost)
+
+
+def test_a_failing_recomputation_claims_no_lower_bound_that_another_schedule_beats():
+    """UNet at 0.3 of its peak: DTR runs out while recomputing an evicted value, needing
+    more than the budget at that point of its schedule, yet msps completes in that budget.
+    So only an op the program runs may state a lower bound for the run (before: "this op
+    alone needs a budget of at least 2,818,938,404 B (a lower bound for the run)")."""
+    trace = load_trace(f"{LOGS_ZIP}::{member('unet')}")
+    dtr = simulate(trace, "dtr", ratio=0.3)
+    assert dtr.status == "oom" and dtr.needed_bytes > dtr.budget_bytes
+    assert "recomputing an evicted value" in dtr.message and "lower bound" not in dtr.message
+    assert simulate(trace, "msps", ratio=0.3).status == "ok"

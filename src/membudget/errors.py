@@ -33,25 +33,33 @@ class OutOfBudget(MembudgetError, MemoryError):
 
     ``needed_bytes`` is the smallest budget under which this allocation could have succeeded
     at that moment: the bytes that could not be evicted (pinned or locked) plus the request.
-    ``allocator`` names the pool, so that the message suggests only another one.
+    For an op the program runs, that is a lower bound for the whole run; not where the
+    allocation serves a recomputation (``recomputing``), which another schedule might not
+    need there. ``pinned_apart``: the pool keeps pinned blocks apart already, so the message
+    suggests such a pool only where it does not.
     """
 
     def __init__(self, *, op: object, request_bytes: int, unevictable_bytes: int,
                  budget_bytes: float, largest_free_bytes: float | None = None,
-                 pinned_apart: bool = False) -> None:
+                 pinned_apart: bool = False, recomputing: bool = False) -> None:
         self.op = op
-        self.pinned_apart = pinned_apart  # the pool keeps pinned blocks together already
+        self.pinned_apart = pinned_apart
+        self.recomputing = recomputing
         self.request_bytes = request_bytes
         self.unevictable_bytes = unevictable_bytes
         self.needed_bytes = request_bytes + unevictable_bytes
         self.budget_bytes = budget_bytes
         self.largest_free_bytes = (budget_bytes - unevictable_bytes
                                    if largest_free_bytes is None else largest_free_bytes)
-        if self.needed_bytes > budget_bytes:
-            why = (f"it needs {request_bytes:,} B more while {unevictable_bytes:,} B are pinned "
-                   f"or locked, but the budget is {int(budget_bytes):,} B: this op alone needs "
-                   f"a budget of at least {self.needed_bytes:,} B (a lower bound for the run: "
-                   "later ops may need more)")
+        short = (f"it needs {request_bytes:,} B more while {unevictable_bytes:,} B are pinned "
+                 f"or locked, but the budget is {int(budget_bytes):,} B")
+        if self.needed_bytes > budget_bytes and recomputing:
+            why = (f"{short}: recomputing an evicted value, it needs {self.needed_bytes:,} B "
+                   "at this point of this schedule, and other evictions may fit the run in the "
+                   "budget: raise it or try another policy")
+        elif self.needed_bytes > budget_bytes:
+            why = (f"{short}: this op alone needs a budget of at least {self.needed_bytes:,} B "
+                   "(a lower bound for the run: later ops may need more)")
         else:
             why = (f"it needs one free block of {request_bytes:,} B, but with the "
                    f"{unevictable_bytes:,} B of pinned or locked blocks in place the largest block "
@@ -143,4 +151,4 @@ class BudgetTooSmallError(OutOfBudget):
     def from_oob(cls, e: OutOfBudget) -> BudgetTooSmallError:
         return cls(op=e.op, request_bytes=e.request_bytes, unevictable_bytes=e.unevictable_bytes,
                    budget_bytes=e.budget_bytes, largest_free_bytes=e.largest_free_bytes,
-                   pinned_apart=e.pinned_apart)
+                   pinned_apart=e.pinned_apart, recomputing=e.recomputing)

@@ -130,6 +130,9 @@ class Engine:
         # storages locked while they were candidates: still in the pool until a search
         # (_hold_out_locked); a stack, cut back as each _run releases its locks
         self._locked: list[Storage] = []
+        # an allocation serves a recomputation (what it needs is this schedule's, not a
+        # bound on every schedule's): set by _run for the frame placing outputs or inputs
+        self._recomputing = False
         if self.pool.track_free_adj:  # else no allocator work on free neighbours at all
             self.allocator.pool = self.pool
         self.policy.attach(self)
@@ -383,6 +386,7 @@ class Engine:
                 if i < n:
                     t = inputs[i]
                     if t.storage.swapped:
+                        self._recomputing = rm
                         self._swap_in(t.storage, p.op)
                         if t.defined:
                             continue  # the frame locks it and goes on
@@ -392,6 +396,7 @@ class Engine:
                     self._stamp(t.producer.inputs)
                     stack.append([t.producer, 0, True])
                     continue
+                self._recomputing = rm
                 self._execute(p, rm)
                 stack.pop()
                 for t in inputs:
@@ -403,6 +408,7 @@ class Engine:
             raise
         finally:
             del locked[mark:]
+            self._recomputing = False
 
     def _execute(self, p: ComputePath, remat: bool) -> None:
         """Allocate the outputs of ``p`` (its inputs are locked), run it, account for it."""
@@ -620,7 +626,8 @@ class Engine:
                 raise OutOfBudget(op=op, request_bytes=alloc.block_bytes(s.nbytes),
                                   unevictable_bytes=alloc.used, budget_bytes=alloc.capacity,
                                   largest_free_bytes=alloc.largest_free_block(),
-                                  pinned_apart=alloc.keeps_pinned_apart)
+                                  pinned_apart=alloc.keeps_pinned_apart,
+                                  recomputing=self._recomputing)
             chosen = victims(pool, self.clock, s)
             searched += perf_counter_ns() - t0
             for victim in chosen:
