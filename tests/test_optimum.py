@@ -172,6 +172,23 @@ def test_the_cli_prints_the_json_fields(tmp_path):
     assert json.loads((tmp_path / "plan.json").read_text())["before"]
 
 
+def test_a_checkmate_milp_too_large_to_run_is_named_not_called_a_timeout(tmp_path, monkeypatch):
+    """Where Checkmate's MILP is above the size it is run at, the output says so; it used to
+    print "(time limit reached)" long before the time limit."""
+    import membudget.plan.optimum as optimum_module
+
+    monkeypatch.setattr(optimum_module, "CHECKMATE_MAX_VARIABLES", 0)
+    tr = tiny_step(3)
+    path = tmp_path / "t.jsonl"
+    write_trace(path, tr.header, tr.events)
+    res = CliRunner().invoke(app, ["optimum", str(path), "--ratio", "0.7", "--time-limit", "30"])
+    assert res.exit_code == 0, res.output
+    assert "Checkmate's MILP not run" in res.output and "time limit reached" not in res.output
+    r = optimum(tr, ratio=0.7, time_limit=30)
+    assert "checkmate" not in r.bounds and r.checkmate_variables > 0 and not r.timed_out
+    assert r.seconds < 15
+
+
 def test_the_cli_refuses_an_infeasible_budget_with_the_minimum(tmp_path):
     tr = tiny_step(3)
     path = tmp_path / "t.jsonl"

@@ -236,7 +236,7 @@ def optimum(
     "optimal" when they meet; otherwise the gap is (overhead - bound) / overhead. Exit 1
     when no schedule fits (with the least budget the bound admits). Ctrl-C stops the
     solvers: the best found so far, labelled interrupted, exit 130."""
-    from membudget.plan.optimum import BudgetInfeasible
+    from membudget.plan.optimum import CHECKMATE_MAX_VARIABLES, BudgetInfeasible
     from membudget.plan.optimum import optimum as solve
     from membudget.trace import load_trace
 
@@ -270,8 +270,11 @@ def optimum(
             " (interrupted: the best found so far)" if r.interrupted
             else " (time limit reached)" if r.timed_out else ""))
         out.print(f"overhead     {pct(r.overhead)}  (best schedule: {r.best or 'none'})")
+        skipped = ("; Checkmate's MILP not run: "
+                   f"{r.checkmate_variables:,} variables, above {CHECKMATE_MAX_VARIABLES:,}"
+                   if r.checkmate_variables > CHECKMATE_MAX_VARIABLES else "")
         out.print(f"lower bound  {pct(r.lower_bound)}  ("
-                  + ", ".join(f"{k} {pct(v)}" for k, v in r.bounds.items()) + ")")
+                  + ", ".join(f"{k} {pct(v)}" for k, v in r.bounds.items()) + skipped + ")")
         out.print(f"gap          {pct(r.gap)}")
         out.print("schedules    " + ", ".join(
             f"{c.source} {pct(c.overhead) if c.overhead is not None else c.status}"

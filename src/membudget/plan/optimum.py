@@ -82,6 +82,7 @@ class OptimumResult:
     bound_violated: bool = False  # a bound exceeded a simulated schedule: a bug, not proof
     candidates: list[Candidate] = field(default_factory=list)
     interrupted: bool = False  # Ctrl-C stopped the solvers: the best found so far
+    checkmate_variables: int = 0  # the size of Checkmate's MILP (not run above the maximum)
     plan: EvictionPlan | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -171,7 +172,10 @@ def optimum(trace: Trace, *, budget: int | None = None, ratio: float | None = No
     if relax.drops:
         tell("scheduling: the relaxation's drops")
         run("relaxation", _plan_from_drops(relax.drops))
-    if checkmate.size(prob) > CHECKMATE_MAX_VARIABLES or time.perf_counter() >= deadline:
+    size = checkmate.size(prob)
+    if size > CHECKMATE_MAX_VARIABLES:
+        tell(f"Checkmate's MILP not run: {size:,} variables")
+    elif time.perf_counter() >= deadline:
         timed_out = True
     elif not interrupt.requested():
         left = deadline - time.perf_counter()
@@ -198,7 +202,7 @@ def optimum(trace: Trace, *, budget: int | None = None, ratio: float | None = No
         trace.name, budget, ratio, base.cost, base.peak_bytes, status, over, lb, proven, gap,
         best.source if best else None, time.perf_counter() - t0,
         timed_out and not proven and not interrupted, relax.min_budget, bounds, violated,
-        candidates, interrupted, plans.get(best.source) if best else None)
+        candidates, interrupted, size, plans.get(best.source) if best else None)
 
 
 def optimum_planner(time_limit: float = 30.0) -> Callable[[Trace, int, str], EvictionPlan]:
