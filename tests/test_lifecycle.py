@@ -431,7 +431,8 @@ def test_an_activation_that_retains_its_grad_is_handed_back_with_it():
         model[1:](h).pow(2).mean().backward()
 
 
-def test_compiled_code_runs_eagerly_inside_a_session_and_compiles_after_it():
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_compiled_code_runs_eagerly_inside_a_session_and_its_stance_comes_back():
     """A compiled graph's kernels allocate where the session cannot see them: inside a
     session torch.compile'd code runs eagerly, so the step is eager's bitwise and within the
     budget, and dynamo does not trace into the session (before: dozens of its warnings and
