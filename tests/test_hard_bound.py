@@ -98,7 +98,7 @@ def test_the_meter_sees_what_sizing_after_running_would_cost(monkeypatch):
     with membudget.budget(10**10) as free:
         step(model, loss_fn)
     budget = int(free.stats.peak_bytes * 0.3)
-    monkeypatch.setattr(executor, "REAL", sizing.Layouts())  # no layout known yet
+    monkeypatch.setattr(executor, "REAL", sizing.Recent())  # no layout known yet
     monkeypatch.setattr(executor, "predict", lambda call, path: None)
     monkeypatch.setattr(executor, "dynamic_shape", lambda func: True)  # and none kept
     with StorageMeter() as meter, membudget.budget(budget) as session:

@@ -531,3 +531,21 @@ def test_a_models_parameters_enter_together_before_its_activations():
         loss.backward()
     assert len(params) == len(list(model.parameters()))
     assert params == list(range(params[0], params[0] + len(params)))
+
+
+def test_the_signature_caches_keep_what_every_step_meets_within_their_limit():
+    """Layouts and prices are kept per signature for the process. A scalar that changes
+    every step (Adam's step size) makes a new signature every step: the caches stay within
+    their limit (the price table had none: 20 entries a step, for good, on a small LM), and
+    a signature every step meets is never dropped for them."""
+    from membudget.runtime.sizing import Recent
+
+    cache: Recent[int] = Recent(8)
+    cache.keep(("addmm", (64, 64)), 1)
+    for step in range(1000):
+        assert cache.get(("addmm", (64, 64))) == 1
+        cache.keep(("addcdiv_", -0.001 * step), step)
+        assert len(cache) <= 8
+    assert cache.get(("addcdiv_", 0.0)) is None and cache.get(("addcdiv_", -0.999)) == 999
+    cache.keep((["unhashable"],), 0)  # never repeats: not kept, and no error
+    assert cache.get((["unhashable"],)) is None

@@ -43,6 +43,7 @@ from membudget.runtime.sizing import (
     FAKE,
     REAL,
     Layout,
+    Recent,
     check_prediction,
     dynamic_shape,
     estimate,
@@ -54,7 +55,7 @@ from membudget.runtime.sizing import (
 
 # cost function -> signature -> its price in ns, kept for the process as the layouts are: a
 # session per step would otherwise price every signature again (about 6 µs per op of GPT-2)
-PRICES: weakref.WeakKeyDictionary[OpTimer, dict[tuple, float]] = weakref.WeakKeyDictionary()
+PRICES: weakref.WeakKeyDictionary[OpTimer, Recent[float]] = weakref.WeakKeyDictionary()
 
 CHECKS = ("default", "checksum", "none")  # what a recomputation is checked against
 
@@ -124,7 +125,8 @@ class TorchExecutor(Executor):
             for k, (shape, stride, _, dtype, _) in zip(layout.outputs, layout.meta, strict=True):
                 flat[k] = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
             out = flat[0] if len(flat) == 1 else flat
-            cost = self._priced[key] = self.cost(call.func, tuple(args), kwargs, out) * 1e9
+            cost = self.cost(call.func, tuple(args), kwargs, out) * 1e9
+            self._priced.keep(key, cost)
         return cost
 
     def _leaves(self, path: ComputePath, given: list[Any]) -> list[Any]:
@@ -405,15 +407,15 @@ class TorchExecutor(Executor):
         return _pop_mode_temporarily() if inside else nullcontext()
 
 
-def _prices(cost: OpTimer | None) -> dict[tuple, float]:
+def _prices(cost: OpTimer | None) -> Recent[float]:
     """The process's prices from ``cost``; a function that cannot be weakly referenced (a
     builtin) gets a table of its own."""
     if cost is None:
-        return {}
+        return Recent()
     try:
-        return PRICES.setdefault(cost, {})
+        return PRICES.setdefault(cost, Recent())
     except TypeError:
-        return {}
+        return Recent()
 
 
 def check_name(check: str) -> str:

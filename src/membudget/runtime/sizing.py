@@ -21,8 +21,9 @@ time, and ops with no meta kernel, on their signature's first call only.
 from __future__ import annotations
 
 import warnings
+from contextlib import suppress
 from functools import cache
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -33,11 +34,12 @@ from membudget.errors import UnsupportedTensorError
 from membudget.runtime.call import Slot, below_autograd
 from membudget.runtime.flat import flatten_result, unflatten
 
-#: The most signatures kept; the oldest go first (a long run that keeps making new shapes,
-#: or scalars that change every step, must not grow the cache without bound).
+#: The most signatures a cache keeps (a long run that keeps making new shapes, or scalars
+#: that change every step, must not grow it without bound).
 CACHE_LIMIT = 1 << 16
 
 Meta = tuple  # (shape, stride, storage offset, dtype, device) of one tensor
+V = TypeVar("V")
 
 
 def meta_of(x: torch.Tensor) -> Meta:
@@ -66,37 +68,49 @@ class Layout:
         self.key: tuple | None = None  # a predicted layout's signature, until its real run
 
 
-class Layouts:
-    """The real layouts of the signatures seen, oldest first (one cache per world: fake
-    tensors are sized by meta kernels, whose strides may differ from the real ones)."""
+class Recent(Generic[V]):
+    """Values by signature, at most ``limit`` of them, keeping those in use: new ones go to
+    a young generation; when it holds half the limit it becomes the old one and the old one
+    is dropped, and a hit in the old one moves the entry back to the young. A signature
+    every step meets stays; one that never repeats (a scalar that changes every step, such
+    as Adam's step size) is gone two generations later."""
 
     def __init__(self, limit: int = CACHE_LIMIT) -> None:
-        self.limit = limit
-        self._by_key: dict[tuple, Layout] = {}
+        self.half = max(1, limit // 2)
+        self._young: dict[tuple, V] = {}
+        self._old: dict[tuple, V] = {}
 
-    def get(self, key: tuple) -> Layout | None:
-        """The layout of this signature, if a run of it was seen (None for an unhashable
-        argument, which never repeats anyway)."""
+    def get(self, key: tuple) -> V | None:
+        """The value kept for this signature, if any (None for an unhashable argument,
+        which never repeats anyway)."""
         try:
-            return self._by_key.get(key)
+            hit = self._young.get(key)
+            if hit is None and self._old:
+                hit = self._old.pop(key, None)
+                if hit is not None:
+                    self._keep(key, hit)
+            return hit
         except TypeError:
             return None
 
-    def keep(self, key: tuple, layout: Layout) -> None:
-        """Remember the real layout of a signature (the oldest goes when full)."""
-        by_key = self._by_key
-        try:
-            if len(by_key) >= self.limit:
-                del by_key[next(iter(by_key))]
-            by_key[key] = layout
-        except TypeError:
-            pass
+    def keep(self, key: tuple, value: V) -> None:
+        """Keep ``value`` for this signature."""
+        with suppress(TypeError):  # (an unhashable argument: never repeats anyway)
+            self._keep(key, value)
+
+    def _keep(self, key: tuple, value: V) -> None:
+        if len(self._young) >= self.half:
+            self._old, self._young = self._young, {}
+        self._young[key] = value
 
     def __len__(self) -> int:
-        return len(self._by_key)
+        return len(self._young) + len(self._old)
 
 
-REAL, FAKE = Layouts(), Layouts()
+#: The real layouts of the signatures seen, one cache per world: fake tensors are sized by
+#: meta kernels, whose strides may differ from the real ones.
+REAL: Recent[Layout] = Recent()
+FAKE: Recent[Layout] = Recent()
 
 
 def signature(call: Any, inputs: tuple[Tensor, ...]) -> tuple:
