@@ -549,3 +549,42 @@ def test_the_signature_caches_keep_what_every_step_meets_within_their_limit():
     assert cache.get(("addcdiv_", 0.0)) is None and cache.get(("addcdiv_", -0.999)) == 999
     cache.keep((["unhashable"],), 0)  # never repeats: not kept, and no error
     assert cache.get((["unhashable"],)) is None
+
+
+@pytest.mark.parametrize("op", ["unsqueeze_", "transpose_", "t_", "squeeze_", "as_strided_"])
+def test_an_in_place_view_op_changes_the_shape_the_program_sees_and_recomputes(op):
+    """``x.unsqueeze_(2)`` and its kind change only the shape, strides or offset of ``x``.
+    The program's wrapper takes them too (before: it kept the old shape, so BigBird's
+    ``torch.cat`` after ``unsqueeze_`` failed in backward with "start + length exceeds
+    dimension size"), and the value recomputes from an alias of the old one, which keeps
+    its own layout (before: a RecomputationError on the op that made it)."""
+    torch.manual_seed(0)
+    a = torch.randn(16, 8, 4, requires_grad=True)
+    b = torch.randn(4, 6)
+
+    def run(session=None):
+        x = torch.tanh(a @ b) * 1.5  # (16, 8, 6), not saved by its own backward
+        if op == "unsqueeze_":
+            x.unsqueeze_(2)
+        elif op == "transpose_":
+            x.transpose_(0, 2)
+        elif op == "t_":
+            x = x[0]
+            x.t_()
+        elif op == "squeeze_":
+            x = x[:, :1]
+            x.squeeze_(1)
+        else:
+            x.as_strided_((16, 6, 8), (48, 1, 6))
+        if session is not None:  # drop it and what it was made from: both recompute
+            assert session.evict(x)
+        y = torch.cat([x, x * 2], dim=-1)
+        (y.sin() * torch.arange(y.shape[-1])).sum().backward()
+        return tuple(x.shape), y.detach()
+
+    shape, y = run()
+    grad, a.grad = a.grad, None
+    with membudget.budget("1 GB") as session:
+        got_shape, got = run(session)
+    assert got_shape == shape and torch.equal(got, y) and torch.equal(a.grad, grad)
+    assert session.stats.remat_ops >= 2  # the op that made it, and the view op again

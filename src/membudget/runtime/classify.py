@@ -1,8 +1,9 @@
 """What an aten op does to memory, read from its schema and tags (cached per OpOverload).
 
-The runtime needs three facts per op: which arguments it writes (in-place and out= ops), whether
+The runtime needs these facts per op: which arguments it writes (in-place and out= ops), whether
 it draws random numbers (``torch.Tag.nondeterministic_seeded``: its RNG state must be captured so
-that a recomputation draws the same numbers), and whether it has tensor outputs at all.
+that a recomputation draws the same numbers), whether a write changes only the shape, strides or
+offset of its argument (``restrides``), and whether it has tensor outputs at all.
 """
 
 from __future__ import annotations
@@ -29,12 +30,16 @@ SIDE_EFFECT_FLAG = "training"  # the argument that must be true for the writes a
 @dataclass(frozen=True)
 class OpInfo:
     """``writes``: (position, name) of every argument the op may write; ``passthrough``: a
-    metadata query with no data (a fake tensor's ``prim::device``), run as it is."""
+    metadata query with no data (a fake tensor's ``prim::device``), run as it is;
+    ``restrides``: its write changes only its argument's shape, strides or offset
+    (``unsqueeze_``, ``transpose_``, ``as_strided_``...; not ``set_`` or ``resize_``, which
+    change its storage)."""
 
     writes: tuple[tuple[int, str], ...]
     random: bool
     side_effects: int | None = None  # position of SIDE_EFFECT_FLAG if its writes are only that
     passthrough: bool = False
+    restrides: bool = False
 
     def side_effects_only(self, args: tuple, kwargs: dict) -> bool:
         """Are this call's writes side effects no output depends on (see UNDECLARED_WRITES)?"""
@@ -80,5 +85,7 @@ def _classify(func: torch._ops.OpOverload) -> OpInfo:
     side = (names.index(SIDE_EFFECT_FLAG)
             if undeclared and SIDE_EFFECT_FLAG in names
             and all(name in undeclared for _, name in writes) else None)
+    restrides = (torch.Tag.inplace_view in func.tags
+                 and not schema.name.startswith(("aten::set_", "aten::resize")))
     return OpInfo(writes, torch.Tag.nondeterministic_seeded in func.tags, side,
-                  func.namespace == "prim")
+                  func.namespace == "prim", restrides)

@@ -38,6 +38,7 @@ from membudget.runtime.call import (
     devices_of,
     generators_in,
 )
+from membudget.runtime.classify import op_info
 from membudget.runtime.flat import flatten_result, unflatten
 from membudget.runtime.sizing import (
     FAKE,
@@ -189,7 +190,7 @@ class TorchExecutor(Executor):
             if len(outputs) == 1 and not path.mutated:  # _describe, for the commonest op
                 outputs[0].meta = call.layout.meta[0]
             else:
-                self._describe(path, call)
+                self._describe(path, call, results)
             if self.check == "checksum":
                 call.checksums = [_digest(r) for r in results]
         values = self.values
@@ -260,9 +261,10 @@ class TorchExecutor(Executor):
                     and n != predicted.out_bytes[k]:
                 self.misfits.append((outputs[k], n))
 
-    def _describe(self, path: ComputePath, call: OpCall) -> None:
+    def _describe(self, path: ComputePath, call: OpCall, results: list[torch.Tensor]) -> None:
         """Give each output of a first run its :func:`meta_of` (the signature of the ops
-        that read it, and what its recomputation must reproduce)."""
+        that read it, and what its recomputation must reproduce); a new version has its
+        input's, unless the op changed its shape, strides or offset."""
         outputs = path.outputs
         assert outputs is not None
         n = len(outputs) - len(path.mutated)
@@ -270,8 +272,10 @@ class TorchExecutor(Executor):
             for t, m in zip(outputs, call.layout.meta, strict=True):  # (no versions here)
                 t.meta = m
         inputs = path.inputs
+        restrides = op_info(call.func).restrides
         for k, i in enumerate(path.mutated):
-            outputs[n + k].meta = inputs[i].meta
+            v = outputs[n + k]
+            v.meta = meta_of(results[n + k]) if restrides else inputs[i].meta
 
     def _check(self, path: ComputePath, call: OpCall, results: list[torch.Tensor]) -> None:
         """A recomputation must reproduce the first run's outputs (their metadata, and
@@ -301,8 +305,11 @@ class TorchExecutor(Executor):
             call.rng = capture_rng(devices_of(ins), generators_in(call.leaves))
         mutated = path.mutated
         reused = path.reused
+        restrides = op_info(call.func).restrides
         for i, new in zip(mutated, path.versions, strict=True):
-            if reused.get(new.storage) is None:
+            if restrides:  # it changes the metadata of what it gets: give it an alias
+                ins[i] = ins[i].view_as(ins[i])
+            elif reused.get(new.storage) is None:
                 ins[i] = copy_of(ins[i])
         given = call.rerun_leaves if remat and call.rerun_leaves is not None else call.leaves
         leaves = [ins[x.index] if type(x) is Slot else x for x in given]

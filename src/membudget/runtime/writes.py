@@ -68,6 +68,8 @@ def write(session: Session, call: OpCall, info: OpInfo, inputs: list[Tensor], ar
             refs.move(inputs[i], h)
         for o in views:  # each other view is taken again, of the new version
             _rebind(session, o, version_of[o.storage])
+        if info.restrides:
+            _restride(func, args, kwargs)
         return _written_result(func, [objects[i] for i in mutated])
     for i in mutated:
         session.pin(inputs[i], overwrite=True)
@@ -117,6 +119,20 @@ def _rebind(session: Session, old: Tensor, version: Tensor) -> None:
     before the write), becomes the same view of its new ``version``."""
     shape, stride, offset, _, _ = old.meta  # type: ignore[misc]
     session.refs.rebind(old, session.strided_view(version, shape, stride, offset))
+
+
+def _restride(func: Any, args: tuple, kwargs: dict) -> None:
+    """Give the program's wrapper the new shape, strides and offset the op gave its value:
+    the op runs again on the wrapper alone, as on a meta tensor (as PyTorch's
+    ``return_and_correct_aliasing`` does for wrapper subclasses), which changes nothing
+    but its metadata."""
+    with torch.utils._mode_utils.no_dispatch():
+        meta = torch._C._meta_in_tls_dispatch_include()
+        torch._C._set_meta_in_tls_dispatch_include(True)
+        try:
+            func(*args, **kwargs)
+        finally:
+            torch._C._set_meta_in_tls_dispatch_include(meta)
 
 
 def _returns_only_written(func: Any) -> bool:
