@@ -89,6 +89,63 @@ def test_live_storages_never_exceed_the_budget(build):
             assert torch.equal(g, r)
 
 
+def routed():
+    """A mixture-of-experts-like block: tokens picked by a boolean mask, their positions by
+    nonzero, an expert applied to them and the result scattered back; unique and
+    masked_select on the side. Every one of those ops' output shapes depends on the data."""
+    torch.manual_seed(0)
+
+    class Routed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = nn.Linear(32, 1)
+            self.experts = nn.ModuleList(nn.Sequential(nn.Linear(32, 128), nn.GELU(),
+                                                       nn.Linear(128, 32)) for _ in range(4))
+
+        def forward(self, x):
+            for expert in self.experts:
+                score = self.gate(x).squeeze(-1)
+                picked = score > score.median()
+                rows = picked.nonzero().squeeze(1)
+                out = expert(x[picked]) * score[picked].sigmoid()[:, None]
+                x = x.index_add(0, rows, out)
+                x = x + torch.masked_select(x, picked[:, None]).mean()
+                x = x * torch.unique(rows % 7).numel()
+            return x.pow(2).mean()
+
+    x = torch.randn(2048, 32)
+    return Routed(), lambda m: m(x)
+
+
+def test_ops_sized_by_their_data_stay_within_the_budget():
+    """Indexing by a mask, nonzero, masked_select and unique are sized at the most they can
+    make before they run, then at what they made: the meter never sees more than the budget
+    and none of them runs before room is made. Indexing by integers is sized exactly."""
+    model, loss_fn = routed()
+    ref_loss, ref_grads = step(model, loss_fn)
+    with membudget.budget(10**10) as free:
+        step(model, loss_fn)
+    for ratio in (0.6, 0.3):  # (sized after running, they pass 0.3's budget by 46 KB)
+        budget = int(free.stats.peak_bytes * ratio)
+        with StorageMeter() as meter, membudget.budget(budget) as session:
+            loss, grads = step(model, loss_fn)
+        assert session.stats.unsized_ops == 0 and session.stats.evictions > 0
+        assert meter.peak_bytes <= budget, (ratio, meter.peak_bytes - budget)
+        assert torch.equal(loss, ref_loss)
+        for g, r in zip(grads, ref_grads, strict=True):
+            assert torch.equal(g, r)
+
+
+def test_an_op_sized_by_values_runs_first_and_is_counted():
+    """bincount's length is the largest value: nothing bounds it before it runs."""
+    x = torch.tensor([1, 5, 2])
+    with membudget.budget("1 MiB") as session:
+        counts = torch.bincount(x)
+        picked = torch.arange(6.0)[torch.tensor([0, 2])]
+    assert session.stats.unsized_ops == 1
+    assert counts.tolist() == [0, 1, 1, 0, 0, 1] and picked.tolist() == [0.0, 2.0]
+
+
 def test_the_meter_sees_what_sizing_after_running_would_cost(monkeypatch):
     """The meter is not a formality: with every op sized by running it first (as before
     sizes were known up front), the same run exceeds the budget by an op's outputs."""
@@ -100,7 +157,7 @@ def test_the_meter_sees_what_sizing_after_running_would_cost(monkeypatch):
     budget = int(free.stats.peak_bytes * 0.3)
     monkeypatch.setattr(executor, "REAL", sizing.Recent())  # no layout known yet
     monkeypatch.setattr(executor, "predict", lambda call, path: None)
-    monkeypatch.setattr(executor, "dynamic_shape", lambda func: True)  # and none kept
+    monkeypatch.setattr(executor, "data_dependent", lambda *call: True)  # and none kept
     with StorageMeter() as meter, membudget.budget(budget) as session:
         step(model, loss_fn)
     assert session.stats.unsized_ops > 0.9 * session.stats.ops

@@ -28,6 +28,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_t
 from membudget.core.executor import Executor
 from membudget.core.records import ComputePath, Storage, Tensor
 from membudget.errors import MembudgetError, RecomputationError
+from membudget.runtime.bounds import data_dependent
 from membudget.runtime.call import (
     OpCall,
     OpTimer,
@@ -46,7 +47,6 @@ from membudget.runtime.sizing import (
     Layout,
     Recent,
     check_prediction,
-    dynamic_shape,
     estimate,
     meta_of,
     observed,
@@ -162,7 +162,7 @@ class TorchExecutor(Executor):
         else:
             call.cost = self.cost(call.func, tuple(args), kwargs, out) * 1e9
             layout.measured = False  # (a fake run's time says nothing of a real one)
-        if not dynamic_shape(call.func):
+        if not data_dependent(call.func, args, kwargs):
             self.layouts.keep(key, layout)
         call.layout = layout
         call.outputs = layout.outputs
@@ -230,14 +230,15 @@ class TorchExecutor(Executor):
         else:
             flat, call.returned_kind = flatten_result(out)
         call.returned = flat
-        if not layout.real:  # this signature's first run
+        if not layout.real:  # this signature's first run, or a call sized at its bound
             seen = observed(call, flat, real, float(elapsed))
-            if check_prediction(call, layout, seen):
+            if layout.bound or check_prediction(call, layout, seen):
                 self._misfit(path, layout, seen)
             if self.cost is not None:
                 seen.measured = False
                 seen.cost = layout.cost
-            self.layouts.keep(layout.key, seen)  # type: ignore[arg-type]
+            if not layout.bound:
+                self.layouts.keep(layout.key, seen)  # type: ignore[arg-type]
             call.layout = layout = seen
         elif not layout.measured and self.cost is None:
             layout.cost = float(elapsed)  # (kept by a fake or priced run: now timed)
@@ -248,9 +249,11 @@ class TorchExecutor(Executor):
         return [flat[k] for k in layout.outputs]
 
     def _misfit(self, path: ComputePath, predicted: Layout, seen: Layout) -> None:
-        """A first run whose outputs a meta kernel sized wrongly: each fresh output the
-        engine placed at the wrong size is resized by the session after the op."""
-        self.unsized += 1
+        """A run whose outputs were placed at other sizes than it made (a meta kernel's
+        error, counted in ``unsized``, or a data-dependent op's bound): each fresh output
+        the engine placed at the wrong size is resized by the session after the op."""
+        if not predicted.bound:
+            self.unsized += 1
         outputs = path.outputs
         assert outputs is not None
         if len(seen.outputs) != len(outputs):

@@ -12,10 +12,12 @@ and a layout-aware pool can place its outputs by cost: the first measured run of
 signature, kept; for a signature never run before, the cost model's estimate
 (``membudget.cost``) on the predicted outputs.
 
-Two kinds of op cannot be sized before they run, and run first (their outputs are held,
-for a moment, beside the budget; ``unsized_ops`` counts them): ops whose output shapes
-depend on the data (``Tag.dynamic_output_shape``: nonzero, unique, masked_select, ...), every
-time, and ops with no meta kernel, on their signature's first call only.
+An op whose output shapes depend on the data (nonzero, unique, masked_select, indexing by a
+mask, ...) is sized at the most it can make, every time (``runtime.bounds``), and its outputs
+are resized to what it made. Two kinds of op cannot be sized before they run, and run first
+(their outputs are held, for a moment, beside the budget; ``unsized_ops`` counts them): such
+ops whose sizes come from values (bincount, ...), every time, and ops with no meta kernel,
+on their signature's first call only.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from torch.utils._pytree import tree_leaves
 
 from membudget.core.records import ComputePath, Tensor
 from membudget.errors import UnsupportedTensorError
+from membudget.runtime.bounds import data_dependent, largest_outputs
 from membudget.runtime.call import Slot, below_autograd
 from membudget.runtime.flat import flatten_result, unflatten
 
@@ -52,9 +55,11 @@ class Layout:
     """The outputs of one signature: positions of the tensors in the flattened result, their
     bytes and aliased inputs as the engine takes them (``out_alias`` None: none aliases an
     input), each one's :func:`meta_of`, and the op's cost in ns (``measured``: the first real
-    run's time, else an estimate). ``real``: read off a real run, not predicted."""
+    run's time, else an estimate). ``real``: read off a real run, not predicted; ``bound``:
+    predicted at the most a data-dependent op can make, for this call only."""
 
-    __slots__ = ("cost", "key", "measured", "meta", "out_alias", "out_bytes", "outputs", "real")
+    __slots__ = ("bound", "cost", "key", "measured", "meta", "out_alias", "out_bytes",
+                 "outputs", "real")
 
     def __init__(self, outputs: list[int], out_bytes: list[int], out_alias: list[int] | None,
                  meta: list[Meta], cost: float, measured: bool, real: bool) -> None:
@@ -65,6 +70,7 @@ class Layout:
         self.cost = cost
         self.measured = measured
         self.real = real
+        self.bound = False
         self.key: tuple | None = None  # a predicted layout's signature, until its real run
 
 
@@ -130,9 +136,9 @@ def signature(call: Any, inputs: tuple[Tensor, ...]) -> tuple:
 
 def predict(call: Any, path: ComputePath) -> tuple[Layout, tuple, dict, Any] | None:
     """The layout of a new signature, from a run on meta tensors (with its meta arguments
-    and result, which the cost model prices); None if it cannot be predicted."""
-    if dynamic_shape(call.func):
-        return None
+    and result, which the cost model prices); None if it cannot be predicted. An op whose
+    outputs depend on its data is sized at the most it can make (``runtime.bounds``), in a
+    layout marked ``bound``."""
     storages: dict[object, torch.UntypedStorage] = {}  # engine storage -> its meta twin
     ins = []
     with _disable_current_modes(), below_autograd(call.grad):
@@ -144,9 +150,13 @@ def predict(call: Any, path: ComputePath) -> tuple[Layout, tuple, dict, Any] | N
             ins.append(torch.empty(0, dtype=dtype, device="meta").set_(st, offset, shape, stride))
         leaves = [ins[x.index] if type(x) is Slot else _on_meta(x) for x in call.leaves]
         args, kwargs = unflatten(leaves, call.spec)
+        bound = data_dependent(call.func, args, kwargs)
         try:
-            out = call.func(*args, **kwargs)
+            out = (largest_outputs(call.func, args, kwargs) if bound else
+                   call.func(*args, **kwargs))
         except Exception:  # no meta kernel, or one that needs the data
+            return None
+        if out is None:  # nothing bounds its outputs
             return None
     flat = flatten_result(out)[0]
     outputs = [k for k, o in enumerate(flat) if isinstance(o, torch.Tensor)]
@@ -154,8 +164,10 @@ def predict(call: Any, path: ComputePath) -> tuple[Layout, tuple, dict, Any] | N
     if any(o.device.type != "meta" for o in results):
         return None  # an op that places its result by itself: only a real run tells
     out_bytes, out_alias = layout_of(results, ins, call.func)
-    return (Layout(outputs, out_bytes, out_alias, [meta_of(o) for o in results], 0.0, False,
-                   False), args, kwargs, out)
+    layout = Layout(outputs, out_bytes, out_alias, [meta_of(o) for o in results], 0.0, False,
+                    False)
+    layout.bound = bound
+    return layout, args, kwargs, out
 
 
 def observed(call: Any, flat: list[Any], real: list[torch.Tensor], cost: float) -> Layout:
@@ -218,12 +230,6 @@ def _model(device: str) -> Any:
     from membudget.cost import CostModel
 
     return CostModel("cpu" if device == "cpu" else "a100-80gb")
-
-
-@cache
-def dynamic_shape(func: Any) -> bool:
-    """Do the op's output shapes depend on its data (so that only running it tells)?"""
-    return torch.Tag.dynamic_output_shape in func.tags
 
 
 def budgetable(x: torch.Tensor, what: str) -> None:
