@@ -25,11 +25,13 @@ POLICIES["random"] = Random
 POLICIES["megengine"] = MegEngine
 POLICIES["megengine-sqrt"] = partial(MegEngine, sqrt_sampling=True)
 # dtr-compact's ablations (docs/results/address-aware.md): Coop's window as the fallback,
-# only the cheapest run checked for room, no sliding, moves never weighed against evicting,
-# or weighed against the window's whole recomputation cost
+# only the cheapest run checked for room, no sliding, sliding only when nothing is left to
+# evict, moves never weighed against evicting, or weighed against the window's whole
+# recomputation cost
 POLICIES["dtr-compact-window"] = partial(DTRCompact, fallback="window")
 POLICIES["dtr-compact-1run"] = partial(DTRCompact, tries=1)
-POLICIES["dtr-compact-noslide"] = partial(DTRCompact, slide=False)
+POLICIES["dtr-compact-noslide"] = partial(DTRCompact, slide="never")
+POLICIES["dtr-compact-lastslide"] = partial(DTRCompact, slide="last")
 POLICIES["dtr-compact-moves"] = partial(DTRCompact, remat_share=None)
 POLICIES["dtr-compact-share1"] = partial(DTRCompact, remat_share=1.0)
 SEEDED = {"random", "megengine", "megengine-sqrt"}

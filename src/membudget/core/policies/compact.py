@@ -8,15 +8,23 @@ whose tensors all fit in the free blocks outside it (best fit, largest first) is
 unless evicting the cheapest covering run instead (Coop's window, scored with DTR's exact
 e*) costs less: its recomputation cost, counted at ``remat_share`` of its full amount
 (0.1; most evicted values are never recomputed, or only in part), against the copies'
-price. On a pool of segments, whole segments are emptied so that a new one fits. Only when
-nothing is left to evict are the storages of a run whose free bytes alone cover the request slid
-together, so that its free bytes merge at its end (that copies much more). A copy costs one
-read and one write of the bytes, far less than recomputing them, so the run pays DTR's
+price. On a pool of segments, whole segments are emptied so that a new one fits. A copy costs
+one read and one write of the bytes, far less than recomputing them, so the run pays DTR's
 recomputations plus the copies: what DTR pays on the ideal fungible pool, plus the price of
-the addresses. Leaves never move (their memory is the program's); where they leave nothing to
-move, the policy evicts by DTR again, or (``fallback="window"``) evicts Coop's cheapest
-covering run. Its pool keeps pinned storages at the top (``segregated``), so that parameters
-adopted in the middle of a step do not split the activations' space.
+the addresses. Leaves never move (their memory is the program's).
+
+Where no run can be emptied into the holes outside it, the storages of the run whose free
+bytes alone cover the request can be slid together, so that its free bytes merge at its end;
+that copies much more. The policy then rents before it buys, as in the ski-rental problem:
+it evicts DTR's victims (whose eviction may open a block where moves could not) while their
+recomputation cost (own cost plus e*), summed over this allocation, stays below the slide's
+price, and slides once it does not, or when nothing is left to evict. Evicting alone can go
+on long after the free bytes cover the request, and each victim deepens later recomputation
+chains; sliding at once pays for copies that one eviction would have saved. (``slide="last"``
+slides only when nothing is left to evict, ``"never"`` never; ``fallback="window"`` evicts
+Coop's cheapest covering run instead of DTR's victim.) Its pool keeps pinned storages at the
+top (``segregated``), so that parameters adopted in the middle of a step do not split the
+activations' space.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ _size = attrgetter("size")
 _segment = attrgetter("segment")
 _storage = attrgetter("storage")
 FALLBACKS = ("dtr", "window")
+SLIDES = ("rent", "last", "never")
 #: Share of a covering window's recomputation cost weighed against moving instead, tuned on
 #: the address-aware benchmark's traces (cells within 1.10x of DTR on the fungible pool, of
 #: 117: 53 at 1, 56 at 0.5, 60 at 0.25, 71 at 0.1, 37 evicting the window always, 49 never);
@@ -50,15 +59,18 @@ class DTRCompact(DTR):
     relocates = True
     default_allocator = "segregated"
 
-    def __init__(self, fallback: str = "dtr", tries: int = 8, slide: bool = True,
+    def __init__(self, fallback: str = "dtr", tries: int = 8, slide: str = "rent",
                  remat_share: float | None = REMAT_SHARE) -> None:
         """``fallback``: what to evict when free bytes cover the request but no run can be
         emptied by moves; ``tries``: cheapest runs checked for room per search; ``slide``:
-        False never slides a run's storages together (an ablation); ``remat_share``: the
+        when a run's storages are slid together (:data:`SLIDES`; "last" and "never" are
+        ablations); ``remat_share``: the
         share of a covering window's recomputation cost weighed against the price of the
         moves that would make room instead (None: always move, an ablation)."""
         if fallback not in FALLBACKS:
             raise MembudgetError(f"unknown fallback {fallback!r}; known: {', '.join(FALLBACKS)}")
+        if slide not in SLIDES:
+            raise MembudgetError(f"unknown slide {slide!r}; known: {', '.join(SLIDES)}")
         if tries < 1:
             raise MembudgetError(f"tries must be >= 1, got {tries}")
         if remat_share is not None and not remat_share > 0:
@@ -68,6 +80,7 @@ class DTRCompact(DTR):
         self.slide = slide
         self.remat_share = remat_share
         self._window: list[Storage] = []  # evicted in place of moves, by the next victims()
+        self._renting = (-1, 0.0)  # (allocation, victims' cost so far) while a slide waits
 
     def relocations(self, pool: CandidatePool, clock: float,
                     request: Storage) -> list[tuple[Storage, Block | None]]:
@@ -83,12 +96,28 @@ class DTRCompact(DTR):
             self._window = self._cheaper_window(pool, clock, blocks, need, moves)
             if self._window:
                 return []
-        if not moves and self.slide and not pool.items:  # the last resort: it copies much
-            moves.extend((s, None) for s in sliding_moves(blocks, need, int(alloc.free_bytes)))
+        if not moves and self.slide != "never" and (self.slide == "rent" or not pool.items):
+            slid: list[tuple[Storage, Block | None]] = [
+                (s, None) for s in sliding_moves(blocks, need, int(alloc.free_bytes))]
+            if slid and pool.items and self._rent(slid):
+                return []
+            moves.extend(slid)
         deficit = alloc.segment_deficit(request.nbytes)
         if not moves and deficit:
             moves.extend(evacuating_moves(alloc, blocks, deficit))
         return moves
+
+    def _rent(self, slid: list[tuple[Storage, Block | None]]) -> bool:
+        """Evict the fallback's victims (by the next ``victims()``, which counts their
+        recomputation cost) instead of sliding, while their cost in this allocation stays
+        below the slide's price?"""
+        allocation = self.engine.stats.failed_allocations
+        at, spent = self._renting
+        if at != allocation:
+            self._renting = (allocation, 0.0)
+            spent = 0.0
+        price = self.engine.executor.move_price
+        return spent < sum(price(s) for s, _ in slid)
 
     def _cheaper_window(self, pool: CandidatePool, clock: float, blocks: list[Block],
                         need: int, moves: list[tuple[Storage, Block | None]]
@@ -107,10 +136,16 @@ class DTRCompact(DTR):
         return inside if remat * self.remat_share < copies else []
 
     def victims(self, pool: CandidatePool, clock: float, request: Storage) -> list[Storage]:
-        window = [s for s in self._window if s.slot >= 0]  # chosen over moves just now
+        chosen = ([s for s in self._window if s.slot >= 0]  # chosen just now
+                  or self._fallback(pool, clock, request))
         self._window = []
-        if window:
-            return window
+        at, spent = self._renting
+        if at == self.engine.stats.failed_allocations:  # evicting before a slide
+            self._renting = (at, spent + sum(float(pool.cost[s.slot]) + self.neighbour_cost(s)
+                                             for s in chosen))
+        return chosen
+
+    def _fallback(self, pool: CandidatePool, clock: float, request: Storage) -> list[Storage]:
         alloc = self.engine.allocator
         need = alloc.block_bytes(request.nbytes)
         if self.fallback == "window" and alloc.has_layout and alloc.free_bytes >= need:
