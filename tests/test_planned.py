@@ -1,6 +1,7 @@
 """Planned mode (``membudget.budget(..., mode="planned")``): the first step is recorded, its
 evictions are planned in the background, and the steps after it follow the plan with no
-search; a step whose ops differ falls back to the policy and is planned in turn.
+search; a step whose ops differ falls back to the policy and is planned in turn. These
+tests follow the plans with the engine (``replay=False``); ``test_replay`` replays them.
 
 Every comparison with eager PyTorch is bitwise (CPU kernels are deterministic, and
 recomputation restores the RNG state). Each test waits for the plan between steps
@@ -127,7 +128,7 @@ def test_planned_steps_are_bitwise_eager_and_follow_the_plan_with_no_search():
     model, ids = gpt2()
     budget = half_peak(model, ids)
     ref, _, _ = train(copy.deepcopy(model), ids, [64] * 3)
-    session = membudget.budget(budget, mode="planned")
+    session = membudget.budget(budget, mode="planned", replay=False)
     got, (first, second, third), _ = train(copy.deepcopy(model), ids, [64] * 3, session)
     assert_bitwise(got, ref)
     # step 1 runs dynamically (the policy searches) and is recorded
@@ -152,7 +153,7 @@ def test_the_default_planner_follows_the_cheapest_schedule_not_only_the_policys(
     budget = half_peak(model, ids)
     ref, _, _ = train(copy.deepcopy(model), ids, [64] * 3)
     _, lru, _ = train(copy.deepcopy(model), ids, [64] * 3, membudget.budget(budget, "lru"))
-    session = membudget.budget(budget, "lru", mode="planned")
+    session = membudget.budget(budget, "lru", mode="planned", replay=False)
     got, stats, peaks = train(copy.deepcopy(model), ids, [64] * 3, session, meter=True)
     assert_bitwise(got, ref)
     assert all(p <= budget for p in peaks), (peaks, budget)
@@ -167,7 +168,7 @@ def test_a_step_whose_ops_change_falls_back_then_gets_a_plan_of_its_own():
     budget = half_peak(model, ids)
     lengths = [64, 64, 64, 48, 48, 48, 64]
     ref, _, _ = train(copy.deepcopy(model), ids, lengths)
-    session = membudget.budget(budget, mode="planned")
+    session = membudget.budget(budget, mode="planned", replay=False)
     got, stats, peaks = train(copy.deepcopy(model), ids, lengths, session, meter=True)
     assert_bitwise(got, ref)
     assert all(p <= budget for p in peaks), (peaks, budget)  # real memory, every step
@@ -193,7 +194,7 @@ def test_a_decorated_step_function_records_once_then_follows_the_plan():
     model, ids = gpt2()
     budget = half_peak(model, ids)
     ref, _, _ = train(copy.deepcopy(model), ids, [64] * 3)
-    session = membudget.budget(budget, mode="planned")
+    session = membudget.budget(budget, mode="planned", replay=False)
     got, stats, _ = train(copy.deepcopy(model), ids, [64] * 3, session, decorated=True)
     assert_bitwise(got, ref)
     assert [st.plan_recorded for st in stats] == [True, True, True]
@@ -212,7 +213,7 @@ def test_the_planner_is_pluggable_and_sees_the_step_call_for_call():
         return EvictionPlan({}, "nothing")  # evict nothing ahead: the policy does it all
 
     ref, _, _ = train(copy.deepcopy(model), ids, [64] * 3)
-    session = membudget.budget(budget, "dtr", mode="planned", planner=planner)
+    session = membudget.budget(budget, "dtr", mode="planned", planner=planner, replay=False)
     got, stats, _ = train(copy.deepcopy(model), ids, [64] * 3, session)
     assert_bitwise(got, ref)
     assert len(seen) == 2  # steps 1 and 2 (which diverged from step 1's plan)
@@ -235,7 +236,7 @@ def test_a_failing_planner_warns_and_the_steps_run_dynamically():
         raise RuntimeError("no plan today")
 
     ref, _, _ = train(copy.deepcopy(model), ids, [64] * 3)
-    session = membudget.budget(budget, mode="planned", planner=planner)
+    session = membudget.budget(budget, mode="planned", planner=planner, replay=False)
     with pytest.warns(RuntimeWarning, match="no plan today"):
         got, stats, _ = train(copy.deepcopy(model), ids, [64] * 3, session)
     assert_bitwise(got, ref)
@@ -262,7 +263,8 @@ def test_the_optimum_as_planner_follows_its_schedule_bitwise():
     model, ids = gpt2()
     budget = half_peak(model, ids)
     ref, _, _ = train(copy.deepcopy(model), ids, [64] * 3)
-    session = membudget.budget(budget, mode="planned", planner=optimum_planner(time_limit=5))
+    session = membudget.budget(budget, mode="planned", replay=False,
+                               planner=optimum_planner(time_limit=5))
     got, stats, _ = train(copy.deepcopy(model), ids, [64] * 3, session)
     assert_bitwise(got, ref)
     third = stats[2]

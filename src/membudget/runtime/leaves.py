@@ -161,8 +161,9 @@ class Leaves:
         """Before a module first runs in the session, adopt all its parameters and buffers
         (its submodules' included)."""
         session = self.session
-        if id(module) in self.adopted or _get_current_dispatch_mode() is not session:
-            return  # (the hook is global: not this thread's session)
+        if (id(module) in self.adopted or _get_current_dispatch_mode() is not session
+                or session.replay is not None):
+            return  # (the hook is global: not this thread's session; a replay meters)
         self.adopted.update(id(m) for m in module.modules())
         state = [y for x in (*module.parameters(), *module.buffers()) for y in _inner(x)]
 

@@ -41,8 +41,19 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from membudget.core.records import Tensor
 from membudget.errors import MembudgetError, UnknownNameError
+from membudget.runtime.replay import (
+    HANDED_OVER_OPS,
+    Closure,
+    Key,
+    Replay,
+    ReplayPlan,
+    StepRecorder,
+    Tuning,
+)
 from membudget.sim.evictions import PlanFirst
 from membudget.trace.format import CALL, Trace
 
@@ -86,20 +97,28 @@ def simulated_plan(trace: Trace, budget_bytes: int, policy: str) -> EvictionPlan
     return best.eviction_plan
 
 
+def distributed() -> bool:
+    """Is this process one of several training together (DDP, FSDP)?"""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 class StepPlan:
     """A plan for one kind of step: ``table[k]`` is call ``k``'s signature and the values to
     evict before it (``(call, slot)`` keys, or None); ``common[other]`` how many leading
     calls it shares with another plan of the session."""
 
-    __slots__ = ("common", "plan", "table")
+    __slots__ = ("common", "plan", "table", "tuning")
 
-    def __init__(self, plan: EvictionPlan, signatures: Sequence[tuple]) -> None:
+    def __init__(self, plan: EvictionPlan, signatures: Sequence[tuple],
+                 tuning: Tuning | None = None) -> None:
         before = plan.before
         self.plan = plan
         self.table: list[tuple[tuple, tuple | None]] = [
             (sig, tuple(before[k]) if before.get(k) else None)
             for k, sig in enumerate(signatures)]
         self.common: dict[StepPlan, int] = {}
+        # how a replay of this kind of step drops (None: it is not replayed)
+        self.tuning = None if tuning is None or tuning.failed else tuning
 
     def __len__(self) -> int:
         return len(self.table)
@@ -265,9 +284,11 @@ class PlanRun:
 class Planning:
     """A planned session's plans across its steps, and the thread that makes a new one."""
 
-    def __init__(self, planner: Planner | None = None, max_plans: int = MAX_PLANS) -> None:
+    def __init__(self, planner: Planner | None = None, max_plans: int = MAX_PLANS,
+                 replay: bool = True) -> None:
         if max_plans < 1:
             raise MembudgetError(f"max_plans must be >= 1, got {max_plans}")
+        self.replay = replay  # replay settled steps (runtime.replay)
         self.planner: Planner = planner or simulated_plan
         self.max_plans = max_plans
         self.plans: list[StepPlan] = []  # the least recently used first
@@ -285,8 +306,33 @@ class Planning:
         record = self.pending is None and not self.settled and self.error is None
         return PlanRun(engine, self.start, self.plans, record)
 
+    def replay_for_step(self) -> tuple[ReplayPlan, dict[Key, Closure]] | None:
+        """A step starts: the replay plan and the values it drops, if the last step
+        followed a plan to its end and that plan can be replayed."""
+        self.collect()
+        start = self.start
+        if not (self.replay and self.settled and start is not None
+                and start.tuning is not None) or distributed():
+            return None
+        return start.tuning.plan, start.tuning.closures
+
+    def end_replay(self, replay: Replay, failed: bool) -> None:
+        """A replayed step ended. One that failed, or whose ops differed from the record,
+        leaves the session unsettled: the next step runs with the engine (and is recorded
+        if no plan covers it), and replays resume after one that follows this plan to its
+        end. A plan whose replay had to hand over to fit is not replayed again; the metered
+        peak of one that fitted corrects its forecast."""
+        start = self.start
+        assert start is not None and start.tuning is not None
+        if failed or replay.reason == HANDED_OVER_OPS:
+            self.settled = False
+            return
+        start.tuning.report(replay.handed_over_at is None, replay.peak_bytes)
+        if start.tuning.failed:
+            start.tuning = None  # (its steps follow the plan with the engine)
+
     def end(self, run: PlanRun, recording: Recording | None, header: dict[str, Any],
-            failed: bool) -> None:
+            failed: bool, recorder: StepRecorder | None = None) -> None:
         """A step ended: remember the plan it ended on; plan a recorded step that no plan
         covered, in the background."""
         run.finish()
@@ -299,11 +345,12 @@ class Planning:
         elif recording is not None and run.sigs is not None and self.pending is None:
             self._made = None
             self.pending = threading.Thread(
-                target=self._make, args=(recording, run.sigs, header),
+                target=self._make, args=(recording, run.sigs, header, recorder),
                 name="membudget-planner", daemon=True)
             self.pending.start()
 
-    def _make(self, recording: Recording, sigs: list[tuple], header: dict[str, Any]) -> None:
+    def _make(self, recording: Recording, sigs: list[tuple], header: dict[str, Any],
+              recorder: StepRecorder | None) -> None:
         """The planner thread: the plan of one recorded step (or the error making it)."""
         try:
             trace = recording.trace(header)
@@ -312,7 +359,9 @@ class Planning:
                 raise MembudgetError(f"the step made {len(sigs)} engine calls but its "
                                      f"trace has {calls}")
             plan = self.planner(trace, header["budget_bytes"], header["policy"])
-            self._made = StepPlan(plan, sigs)
+            tuning = (Tuning(ReplayPlan(recorder), header["budget_bytes"])
+                      if recorder is not None else None)
+            self._made = StepPlan(plan, sigs, tuning)
         except BaseException as e:  # handed to the session's thread, which warns
             self._made = e
 

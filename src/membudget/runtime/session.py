@@ -56,6 +56,7 @@ from membudget.runtime.planned import (
 )
 from membudget.runtime.recording import NotRecording, Recording
 from membudget.runtime.references import References
+from membudget.runtime.replay import Replay, StepRecorder
 from membudget.runtime.sizing import link_prices, model_seconds, move_prices
 from membudget.runtime.stats import SessionStats
 from membudget.runtime.tensor import Ref, RematTensor, value_of, wrap
@@ -77,7 +78,7 @@ class Session(TorchDispatchMode, ContextDecorator):
                  inplace: str | None = None, record: bool | str | Path | None = None,
                  cost: OpTimer | str = "model", determinism_check: str = "default",
                  mode: str = "dynamic", planner: Planner | None = None,
-                 max_plans: int = MAX_PLANS, swap: str = "off") -> None:
+                 max_plans: int = MAX_PLANS, swap: str = "off", replay: bool = True) -> None:
         super().__init__()
         try:
             self.budget_bytes = parse_bytes(budget)
@@ -98,8 +99,16 @@ class Session(TorchDispatchMode, ContextDecorator):
         self.link = link_prices() if swap != "off" else (0.0, 0.0)
         self.move = move_prices()
         # planned mode: the plans across steps (runtime.planned), and this step's run
-        self.planning = Planning(planner, max_plans) if mode == "planned" else None
+        # (no replay where the session records, swaps, or trains across processes: their
+        # traces, transfers and collectives are the engine's)
+        self.planning = (Planning(planner, max_plans,
+                                  replay=replay and not record and swap == "off")
+                         if mode == "planned" else None)
         self.plan_run: PlanRun | None = None
+        self.replay: Replay | None = None  # this step's replay, until it hands over
+        self._replayed: Replay | None = None
+        self._recorder: StepRecorder | None = None
+        self._saved_hooks: Any = None
         self.policy, self.allocator, self.inplace = resolve_policy(policy), allocator, inplace
         self.record = record
         self.cost = cost_timer(cost)
@@ -138,8 +147,10 @@ class Session(TorchDispatchMode, ContextDecorator):
                              inplace=self.inplace, swap=self.swap)
         self.allocator_name = self.engine.allocator.name
         self.inplace_name = self.engine.inplace
-        run = self.plan_run = (None if self.planning is None
-                               else self.planning.begin(self.engine))
+        planning = self.planning
+        replayed = None if planning is None else planning.replay_for_step()
+        run = self.plan_run = (None if planning is None or replayed is not None
+                               else planning.begin(self.engine))
         self.recording = _new_recording(self.record or (run is not None and run.recorded))
         self.refs = References(self.engine, self.recording)
         self.leaves = Leaves(self)
@@ -157,11 +168,32 @@ class Session(TorchDispatchMode, ContextDecorator):
         # budget: while the session is active, torch.compile'd functions run eagerly.
         self._stance = torch.compiler.set_stance("force_eager")
         TorchDispatchMode.__enter__(self)
+        if replayed is not None:  # a settled step, run without the engine (runtime.replay)
+            self.replay = self._replayed = Replay(self, *replayed)
+            self._saved_hooks = self.replay.hooks()
+        elif run is not None and run.recorded and planning is not None and planning.replay:
+            self._recorder = StepRecorder()  # (on top: it sees the program's own ops)
+            self._recorder.__enter__()
+            self._saved_hooks = self._recorder.hooks()
+        elif run is not None and planning is not None and planning.replay:
+            # hooks of no effect: with saved-tensor hooks autograd adds ops of its own
+            # (detaching the outputs it saves), so every planned step has them, as a
+            # recorded or replayed one does, and runs the same ops
+            self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(_same, _same)
+        if self._saved_hooks is not None:
+            self._saved_hooks.__enter__()
         self._gc_was_enabled = gc.isenabled()  # set last: nothing after it can fail
         gc.disable()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._saved_hooks is not None:
+            self._saved_hooks.__exit__(None, None, None)
+            self._saved_hooks = None
+        recorder, self._recorder = self._recorder, None
+        if recorder is not None:
+            recorder.__exit__(None, None, None)
+        self.replay = None
         TorchDispatchMode.__exit__(self, None, None, None)
         eng = self.engine
         assert eng is not None
@@ -172,7 +204,9 @@ class Session(TorchDispatchMode, ContextDecorator):
         finally:
             self._close()
             if self.plan_run is not None:
-                self._end_planned_step(not completed)
+                self._end_planned_step(not completed, recorder)
+            elif self._replayed is not None:
+                self._end_replayed_step(not completed)
         if exc_type is None and isinstance(self.record, (str, Path)):
             self.trace(self.record)
 
@@ -181,12 +215,12 @@ class Session(TorchDispatchMode, ContextDecorator):
         if threading.get_ident() == self.thread:
             self.optimizers.add(optimizer)
 
-    def _end_planned_step(self, failed: bool) -> None:
+    def _end_planned_step(self, failed: bool, recorder: StepRecorder | None) -> None:
         """Hand the step to the session's planning, and its plan figures to the stats."""
         run, self.plan_run = self.plan_run, None
         assert run is not None and self.planning is not None
         recording = self.recording if isinstance(self.recording, Recording) else None
-        self.planning.end(run, recording, self._header(), failed)
+        self.planning.end(run, recording, self._header(), failed, recorder)
         st = self.stats
         st.plan_recorded = run.recorded
         st.plan_followed_calls = run.followed_calls
@@ -196,6 +230,19 @@ class Session(TorchDispatchMode, ContextDecorator):
         st.plan_divergences = int(run.diverged_at is not None)
         st.plan_diverged_at = run.diverged_at
         st.plan_source = run.source
+
+    def _end_replayed_step(self, failed: bool) -> None:
+        """Hand a replayed step to the session's planning, and its figures to the stats."""
+        replay, self._replayed = self._replayed, None
+        assert replay is not None and self.planning is not None
+        self.planning.end_replay(replay, failed)
+        st = self.stats
+        st.replayed_ops = replay.k
+        st.replay_dropped = len(replay.closures)
+        st.replay_recomputed_ops = replay.recomputed
+        st.replay_handed_over_at = replay.handed_over_at
+        st.replay_reason = replay.reason
+        st.peak_bytes = max(st.peak_bytes, replay.peak_bytes)
 
     def wait_for_plan(self, timeout: float | None = None) -> bool:
         """In planned mode, wait for the plan being made in the background (at most
@@ -353,6 +400,9 @@ class Session(TorchDispatchMode, ContextDecorator):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         """Run one aten op through the engine (every op comes here, so it is written flat)."""
+        replay = self.replay
+        if replay is not None:
+            return replay.dispatch(func, types, args, kwargs)
         info = INFO.get(id(func))
         if info is None:
             info = op_info(func)
@@ -440,6 +490,10 @@ class Session(TorchDispatchMode, ContextDecorator):
         return value_of(x)
 
 
+def _same(x: Any) -> Any:
+    return x
+
+
 class _below:
     """Run with the modes from ``session`` up popped (recomputations run the real ops on the
     modes below it, such as a meter or a FakeTensorMode), then push them back."""
@@ -486,7 +540,7 @@ def budget(nbytes: int | str, policy: str = "default", *, allocator: str | None 
            inplace: str | None = None, record: bool | str | Path | None = None,
            cost: OpTimer | str = "model", determinism_check: str = "default",
            mode: str = "dynamic", planner: Planner | None = None,
-           max_plans: int = MAX_PLANS, swap: str = "off") -> Session:
+           max_plans: int = MAX_PLANS, swap: str = "off", replay: bool = True) -> Session:
     """A memory budget for PyTorch code: ``with membudget.budget("1.5 GiB"):`` (or as a
     decorator). Tensors made inside are evicted and recomputed as needed to stay within it.
     ``policy``, ``allocator`` and ``inplace`` take the simulator's names; "default" is
@@ -516,10 +570,15 @@ def budget(nbytes: int | str, policy: str = "default", *, allocator: str | None 
     ``stats.plan_source`` names), and the steps after it follow the plan, with no search,
     while their ops are the plan's; a step whose ops differ falls back to the policy from
     there and is planned in turn (up to ``max_plans`` kinds of step). See
-    ``runtime.planned``."""
+    ``runtime.planned``. With ``replay`` (the default; off when the session records or
+    swaps, and across processes), once a step follows a plan to its end the steps after it
+    are replayed: their ops run as in eager PyTorch, saved activations are dropped and
+    recomputed as in checkpointing (which ones, by a forecast of the step's memory), memory
+    is metered, and the engine takes over a step before any op that differs from the record
+    or would not fit (``runtime.replay``)."""
     return Session(nbytes, policy, allocator, inplace, record, cost,
                    determinism_check=determinism_check, mode=mode, planner=planner,
-                   max_plans=max_plans, swap=swap)
+                   max_plans=max_plans, swap=swap, replay=replay)
 
 
 __all__ = ["Session", "SessionStats", "budget"]

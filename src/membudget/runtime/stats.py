@@ -35,7 +35,12 @@ class SessionStats:
     counts moves to another plan of the session that matched the step where the current
     one did not; ``plan_recorded`` whether the step was recorded to be planned;
     ``plan_source`` what made the last plan it followed (the planner's ``source``: by
-    default the name of the policy whose schedule was cheapest)."""
+    default the name of the policy whose schedule was cheapest). A replayed step
+    (``runtime.replay``) ran ``replayed_ops`` ops without the engine, dropping
+    ``replay_dropped`` saved values and running ``replay_recomputed_ops`` ops to recompute
+    them; ``replay_handed_over_at`` is the op at which the engine took over, and
+    ``replay_reason`` why (else None and ""). Its ``peak_bytes`` is then the replay's metered
+    peak (or the engine's, if higher after it took over)."""
 
     budget_bytes: int
     peak_bytes: int = 0
@@ -62,6 +67,11 @@ class SessionStats:
     plan_divergences: int = 0
     plan_diverged_at: int | None = None
     plan_source: str | None = None
+    replayed_ops: int = 0
+    replay_dropped: int = 0
+    replay_recomputed_ops: int = 0
+    replay_handed_over_at: int | None = None
+    replay_reason: str = ""
     moves: int = 0  # values copied to another address to merge free blocks (dtr-compact)
     moved_bytes: int = 0
     move_seconds: float = 0.0  # their measured copy time

@@ -1,0 +1,238 @@
+"""Replayed planned steps (``runtime.replay``): once a planned session's step follows its plan
+to the end, the next steps run their ops as eager PyTorch does, drop saved activations and
+recompute them in the backward, and hand the step to the engine before any op that differs
+from the record.
+
+Every comparison with eager PyTorch is bitwise, every budget is checked by an independent
+meter (``StorageMeter``, entered outside the session), and each test waits for the plan
+between steps so that which step replays does not depend on the machine's speed.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import membudget
+from membudget import MembudgetError
+from membudget.bench.meter import StorageMeter
+from membudget.runtime.replay import HANDED_OVER_OPS
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def mlp() -> nn.Module:
+    """Linear-GELU-dropout-Linear-LayerNorm blocks: dropout draws random numbers, so a
+    recomputation through it must draw the same ones."""
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Dropout(0.1),
+                                         nn.Linear(256, 64), nn.LayerNorm(64))
+                           for _ in range(4)])
+
+
+def cnn() -> nn.Module:
+    """Conv-batch norm-ReLU in place, with residual adds in place: writes a recomputation
+    must run again on the memory it makes, and running statistics it must not update."""
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+            self.c2, self.b2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu_(self.b1(self.c1(x)))
+            h = self.b2(self.c2(h))
+            h += x
+            return torch.relu_(h)
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), *[Block() for _ in range(3)],
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+
+def batch(i: int, rows: int = 256) -> torch.Tensor:
+    """A new batch each step (a recomputation must read this step's, not the recorded)."""
+    return torch.randn(rows, 64, generator=torch.Generator().manual_seed(100 + i))
+
+
+def images(i: int) -> torch.Tensor:
+    return torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(100 + i))
+
+
+class Trainer:
+    """A model, its Adam, and a step of it (eager, or in ``session``), with the loss, the
+    parameters and buffers after each step, and the real peak of each."""
+
+    def __init__(self, model: nn.Module, inputs, session=None) -> None:
+        self.model, self.inputs, self.session = model, inputs, session
+        self.opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step(self, i: int, loss_fn=None):
+        x = self.inputs(i)
+        self.opt.zero_grad(set_to_none=True)
+        torch.manual_seed(i)  # dropout draws alike in every run
+        with StorageMeter() as meter:
+            if self.session is None:
+                loss = self._loss(x, loss_fn)
+                loss.backward()
+            else:
+                with self.session:
+                    loss = self._loss(x, loss_fn)
+                    loss.backward()
+        self.opt.step()
+        if self.session is not None:
+            assert self.session.wait_for_plan(timeout=60)
+        state = [t.detach().clone() for t in (*self.model.parameters(), *self.model.buffers())]
+        return loss.detach(), state, meter.peak_bytes
+
+    def _loss(self, x, loss_fn):
+        out = self.model(x)
+        return out.square().mean() if loss_fn is None else loss_fn(out)
+
+
+def assert_same(got, ref) -> None:
+    assert torch.equal(got[0], ref[0])
+    for a, b in zip(got[1], ref[1], strict=True):
+        assert torch.equal(a, b)
+
+
+def budget_of(make, inputs, ratio: float) -> int:
+    """``ratio`` of the real peak of an eager step (after one that makes Adam's state)."""
+    t = Trainer(make(), inputs)
+    t.step(0)
+    return int(ratio * t.step(1)[2])
+
+
+@pytest.mark.parametrize("make, inputs, ratio", [(mlp, batch, 0.6), (cnn, images, 0.7)],
+                         ids=["mlp-dropout", "cnn-batchnorm-inplace"])
+def test_replayed_steps_are_bitwise_eager_within_the_budget(make, inputs, ratio):
+    budget = budget_of(make, inputs, ratio)
+    ref = Trainer(make(), inputs)
+    session = membudget.budget(budget, mode="planned")
+    got = Trainer(make(), inputs, session)
+    replayed = []
+    for i in range(7):
+        out = got.step(i)
+        assert_same(out, ref.step(i))  # losses, parameters, running statistics
+        assert out[2] <= budget, (i, out[2], budget)  # real memory, every step
+        st = session.stats
+        if st.replayed_ops:
+            assert st.replay_handed_over_at is None and st.replay_reason == ""
+            assert st.peak_bytes <= budget
+            replayed.append((st.replay_dropped, st.replay_recomputed_ops))
+    # the steps after the plan settled ran without the engine, and dropped and recomputed
+    assert len(replayed) >= 4 and all(d > 0 and r > 0 for d, r in replayed), replayed
+    tuning = session.planning.start.tuning
+    ops = {n for c in tuning.closures.values() for n in c.ops}
+    nodes = tuning.plan.nodes
+    if make is mlp:  # (so the bitwise match shows the draws were the same)
+        assert any(nodes[n].random for n in ops)
+    else:  # (and here that the writes ran again, and batch norm with no statistics)
+        assert any(nodes[n].wrote for n in ops) and any(nodes[n].rerun for n in ops)
+
+
+def test_a_step_whose_ops_differ_is_handed_to_the_engine_then_replays_resume():
+    budget = budget_of(mlp, batch, 0.6)
+    ref = Trainer(mlp(), batch)
+    session = membudget.budget(budget, mode="planned")
+    got = Trainer(mlp(), batch, session)
+    for i in range(4):
+        assert_same(got.step(i), ref.step(i))
+    assert session.stats.replayed_ops > 0
+    # a smaller batch: the first op reading it differs (after the first weight's
+    # transpose), so the engine runs the whole step from there
+    got.inputs = ref.inputs = lambda i: batch(i, rows=128)
+    out = got.step(4)
+    assert_same(out, ref.step(4))
+    st = session.stats
+    assert st.replay_handed_over_at <= 1 and st.replay_reason == HANDED_OVER_OPS
+    assert out[2] <= budget
+    # the first kind of batch: the engine runs it (the session is no longer settled on a
+    # plan), and as it follows the plan to its end, the next step replays again
+    got.inputs = ref.inputs = batch
+    for i in (5, 6):
+        out = got.step(i)
+        assert_same(out, ref.step(i))
+        assert out[2] <= budget
+        assert (session.stats.replayed_ops > 0) == (i == 6)
+    # another loss: the ops differ after the forward pass, where the dropped values are
+    # gone, so the engine recomputes them as the replay would have
+
+    def other(out):
+        return out.abs().mean()
+
+    out = got.step(7, other)
+    assert_same(out, ref.step(7, other))
+    st = session.stats
+    assert st.replay_handed_over_at > 0 and st.replay_reason == HANDED_OVER_OPS
+    assert st.replay_recomputed_ops > 0 and out[2] <= budget
+    for i in (8, 9):
+        out = got.step(i)
+        assert_same(out, ref.step(i))
+        assert out[2] <= budget
+    assert session.stats.replayed_ops > 0 and session.stats.replay_handed_over_at is None
+
+
+def test_a_parameter_written_before_the_backward_is_refused_and_training_goes_on():
+    budget = budget_of(mlp, batch, 0.6)
+    session = membudget.budget(budget, mode="planned")
+    got = Trainer(mlp(), batch, session)
+    for i in range(4):
+        got.step(i)
+    assert session.stats.replayed_ops > 0
+    first = got.model[0][0].weight  # (what block 0's recomputations read)
+    with pytest.raises(MembudgetError, match="written after the forward pass read it"):
+        x = batch(4)
+        with session:
+            loss = got.model(x).square().mean()
+            with torch.no_grad():
+                first.add_(0.01)
+            loss.backward()
+    # the session goes on: the next steps match eager from the same state
+    ref = Trainer(copy.deepcopy(got.model), batch)
+    ref.opt.load_state_dict(copy.deepcopy(got.opt.state_dict()))
+    for i in range(5, 8):
+        out = got.step(i)
+        assert_same(out, ref.step(i))
+        assert out[2] <= budget
+
+
+def test_replay_off_keeps_every_step_on_the_engine():
+    budget = budget_of(mlp, batch, 0.6)
+    session = membudget.budget(budget, mode="planned", replay=False)
+    got = Trainer(mlp(), batch, session)
+    ref = Trainer(mlp(), batch)
+    for i in range(5):
+        assert_same(got.step(i), ref.step(i))
+        assert session.stats.replayed_ops == 0
+    assert session.stats.plan_followed_calls == session.stats.ops > 0
+
+
+def test_gpt2_replays_each_kind_of_step_bitwise_within_the_budget():
+    """transformers' GPT-2 (dropout on) over two sequence lengths: each kind of step gets a
+    plan, and is replayed once a step of it follows that plan to its end."""
+    from test_planned import assert_bitwise, gpt2, half_peak, train
+
+    model, ids = gpt2()
+    budget = half_peak(model, ids)
+    lengths = [64] * 4 + [48] * 4 + [64] * 3
+    ref, _, _ = train(copy.deepcopy(model), ids, lengths)
+    session = membudget.budget(budget, mode="planned")
+    got, stats, peaks = train(copy.deepcopy(model), ids, lengths, session, meter=True)
+    assert_bitwise(got, ref)
+    assert all(p <= budget for p in peaks), (peaks, budget)
+    for i in (3, 7, 10):  # the last step of each run of one length
+        st = stats[i]
+        assert st.replayed_ops > 0 and st.replay_handed_over_at is None, (i, st)
+        assert st.replay_recomputed_ops > 0 and st.peak_bytes <= budget
+    assert stats[4].replay_reason == HANDED_OVER_OPS  # (the first of another length)
