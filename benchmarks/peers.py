@@ -95,7 +95,7 @@ MEMBUDGET_MODES: list[dict[str, Any]] = [
     {"label": "dtr-eq", "kwargs": {"policy": "dtr-eq"}, "at_peers": True},
     {"label": "coop", "kwargs": {"policy": "coop"}, "at_peers": False},
     {"label": "planned", "kwargs": {"policy": "dtr-eq", "mode": "planned"}, "at_peers": True,
-     "warmup": 1},
+     "warmup": 1, "settle": 1},
 ]
 COMPILE_BUDGETS = (1.0, 0.5, 0.1)
 UNLIMITED = 10**11  # a budget nothing reaches: membudget without eviction
@@ -364,6 +364,7 @@ class Row:
     evictions: int | None = None
     remat_ops: int | None = None
     ops: int | None = None  # aten ops the session ran (first runs)
+    replayed: bool = False  # a planned session's replayed step: evictions are drops
     note: str = ""
     failure: str | None = None
     failed_rounds: int = 0  # timed membudget steps that ran out (not in the ratios)
@@ -458,6 +459,11 @@ class Bench:
         if row.session is not None:
             st = row.session.stats
             row.evictions, row.remat_ops, row.ops = st.evictions, st.remat_ops, st.ops
+            if st.replayed_ops:  # (a replayed step: its drops and recomputed ops)
+                row.replayed = True
+                row.evictions = st.replay_dropped + st.evictions
+                row.remat_ops = st.replay_recomputed_ops + st.remat_ops
+                row.ops = st.replayed_ops + st.ops
 
     def timed(self, row: Row) -> float:
         """Seconds of one step of ``row`` (gradients dropped and garbage collected first,
@@ -582,12 +588,16 @@ class Bench:
 
     def prepare(self, row: Row, mode: dict[str, Any]) -> None:
         """The variant's warm-up steps at the row's budget (``warmup``, default 1), then,
-        for a session that plans in the background, the wait for its plan."""
+        for a session that plans in the background, the wait for its plan and ``settle``
+        steps that follow it (after one that follows it to its end, a planned session
+        replays its steps: those are what is measured)."""
         for _ in range(mode.get("warmup", 1)):
             self.step(row)
         wait = getattr(row.session, "wait_for_plan", None)
         if wait is not None and getattr(row.session, "mode", "dynamic") == "planned":
             wait()
+            for _ in range(mode.get("settle", 0)):
+                self.step(row)
 
     def trial(self, mode: dict[str, Any], budget: int, limit: float | None = None
               ) -> tuple[int | None, str, Any]:
@@ -844,6 +854,8 @@ def table(bench: Bench) -> list[str]:
         share = f"{r.peak / eager:.2f}" if r.peak is not None else "—"
         secs = f"{median(r.times):.3f}" if r.times else "—"
         ev = f"{r.evictions:,} / {r.remat_ops:,}" if r.evictions is not None else "—"
+        if r.replayed:
+            ev += " (replayed: drops / recomputed ops)"
         label = r.label + (f" ({r.note})" if r.note and r.family == "membudget" else "")
         at = r.peak_op.removeprefix("aten::")
         if r.compiled and at == "(no op)":
@@ -880,7 +892,8 @@ def findings(bench: Bench) -> list[str]:
                 above = (f"; measured again at that budget, its real peak came out "
                          f"{(r.peak - p.peak) / 1e3:,.0f} kB above the target")
             out.append(f"{head}, membudget {r.mode} (budget {mb(r.budget or 0)} MB, real peak "
-                       f"{mb(r.peak or 0)} MB, {r.evictions or 0:,} evictions{above}) takes "
+                       f"{mb(r.peak or 0)} MB, {r.evictions or 0:,} "
+                       f"{'values dropped' if r.replayed else 'evictions'}{above}) takes "
                        f"{mt:.2f}× eager's time against {p.label}'s {pt:.2f}×: "
                        f"{abs(rel):.0%} {'slower' if rel > 0 else 'faster'} than {p.label}.")
     for r in mem:
