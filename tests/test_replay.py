@@ -129,6 +129,8 @@ def test_replayed_steps_are_bitwise_eager_within_the_budget(make, inputs, ratio)
         if st.replayed_ops:
             assert st.replay_handed_over_at is None and st.replay_reason == ""
             assert st.peak_bytes <= budget
+            # the forecast that chose the drops was the real peak, near enough
+            assert abs(st.replay_forecast_bytes - out[2]) <= 0.01 * budget
             replayed.append((st.replay_dropped, st.replay_recomputed_ops))
     # the steps after the plan settled ran without the engine, and dropped and recomputed
     assert len(replayed) >= 4 and all(d > 0 and r > 0 for d, r in replayed), replayed

@@ -306,15 +306,16 @@ class Planning:
         record = self.pending is None and not self.settled and self.error is None
         return PlanRun(engine, self.start, self.plans, record)
 
-    def replay_for_step(self) -> tuple[ReplayPlan, dict[Key, Closure]] | None:
-        """A step starts: the replay plan and the values it drops, if the last step
-        followed a plan to its end and that plan can be replayed."""
+    def replay_for_step(self) -> tuple[ReplayPlan, dict[Key, Closure], int] | None:
+        """A step starts: the replay plan, the values it drops and its forecast peak, if
+        the last step followed a plan to its end and that plan can be replayed."""
         self.collect()
         start = self.start
         if not (self.replay and self.settled and start is not None
                 and start.tuning is not None) or distributed():
             return None
-        return start.tuning.plan, start.tuning.closures
+        tuning = start.tuning
+        return tuning.plan, tuning.closures, tuning.forecast
 
     def end_replay(self, replay: Replay, failed: bool) -> None:
         """A replayed step ended. One that failed, or whose ops differed from the record,

@@ -68,8 +68,8 @@ Key = tuple[int, int]  # (op index in the step, tensor output index)
 
 class Src:
     """A tensor argument of a recorded op: a value of the step (``key``), a parameter (by
-    identity), or an outside tensor that may change between steps (``key`` and ``param``
-    None); ``shape`` as recorded."""
+    identity), or an input of the step, such as the batch, which is another tensor in every
+    step (``key`` and ``param`` None); ``shape`` as recorded."""
 
     __slots__ = ("key", "param", "shape")
 
@@ -270,7 +270,7 @@ class ReplayPlan:
 
     def _timeline(self, rec: StepRecorder) -> None:
         """When, in the recorded step's events, each value was made, read, died, unpacked."""
-        events = rec.events
+        events = rec.events[:]  # (the step's: values the program keeps die later)
         self.end = end = len(events) + 1
         op_at = [0] * len(self.nodes)
         self.died: dict[Key, int] = {}
@@ -381,8 +381,7 @@ class ReplayPlan:
         return int(self.memory(closures).max())
 
     def excess(self, closures: dict[Key, Closure], target: int) -> tuple[int, int]:
-        """The forecast peak, and the bytes × events spent above ``target``: what
-        :meth:`choose` lowers (a drop can lower one of several equal peaks)."""
+        """The forecast peak, and the bytes × events spent above ``target``."""
         mem = self.memory(closures)
         return int(mem.max()), int(np.maximum(mem - target, 0).sum())
 
@@ -454,8 +453,8 @@ class ReplayPlan:
                 gone = max(max(died.get(k, end), held.get(k, 0)) for k in keys)
             delta[min(made[k] for k in keys)] += nb
             delta[min(gone, end)] -= nb
-        for t, size in self.outside_bytes:
-            delta[t] += size
+        for t, nb in self.outside_bytes:
+            delta[t] += nb
         return np.cumsum(delta) + extra
 
     def units(self) -> list[tuple[Key, ...]]:
@@ -481,9 +480,10 @@ class ReplayPlan:
 
     def choose(self, target: int) -> tuple[dict[Key, Closure], int] | None:
         """Which values to drop so that the forecast peak is at most ``target``: storages
-        cheapest to recompute per byte first, each if it lowers the peak, in passes until
-        it fits; then keep again, most expensive first, every one the fit does not need.
-        None if no set found fits."""
+        cheapest to recompute per byte first, each if it does not raise the peak and
+        shortens the time spent above ``target`` (a drop can lower one of several equal
+        peaks), in passes until it fits; then keep again, most expensive first, every one
+        the fit does not need. None if no set found fits."""
         closures: dict[Key, Closure] = {}
         best = self.excess(closures, target)
         left = self.units()
@@ -576,10 +576,11 @@ class Replay:
     """One step replayed: the session's dispatch hands every op to :meth:`dispatch` while
     ``session.replay`` is this, and autograd its saved tensors to :meth:`pack`/:meth:`unpack`."""
 
-    def __init__(self, session: Session, plan: ReplayPlan, closures: dict[Key, Closure]
-                 ) -> None:
+    def __init__(self, session: Session, plan: ReplayPlan, closures: dict[Key, Closure],
+                 forecast: int) -> None:
         self.session = session
         self.plan = plan
+        self.forecast = forecast  # the peak the plan's forecast expects
         self.budget = session.budget_bytes
         self.closures = closures  # the dropped values
         self.uses: dict[Key, int] = {}  # kept values' pending reads by recomputations

@@ -242,6 +242,7 @@ class Session(TorchDispatchMode, ContextDecorator):
         st.replay_recomputed_ops = replay.recomputed
         st.replay_handed_over_at = replay.handed_over_at
         st.replay_reason = replay.reason
+        st.replay_forecast_bytes = replay.forecast
         st.peak_bytes = max(st.peak_bytes, replay.peak_bytes)
 
     def wait_for_plan(self, timeout: float | None = None) -> bool:

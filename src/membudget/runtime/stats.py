@@ -40,7 +40,8 @@ class SessionStats:
     ``replay_dropped`` saved values and running ``replay_recomputed_ops`` ops to recompute
     them; ``replay_handed_over_at`` is the op at which the engine took over, and
     ``replay_reason`` why (else None and ""). Its ``peak_bytes`` is then the replay's metered
-    peak (or the engine's, if higher after it took over)."""
+    peak (or the engine's, if higher after it took over), and ``replay_forecast_bytes`` the
+    peak its choice of drops was forecast to reach."""
 
     budget_bytes: int
     peak_bytes: int = 0
@@ -72,6 +73,7 @@ class SessionStats:
     replay_recomputed_ops: int = 0
     replay_handed_over_at: int | None = None
     replay_reason: str = ""
+    replay_forecast_bytes: int = 0
     moves: int = 0  # values copied to another address to merge free blocks (dtr-compact)
     moved_bytes: int = 0
     move_seconds: float = 0.0  # their measured copy time
