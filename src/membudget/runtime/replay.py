@@ -609,6 +609,8 @@ class Replay:
         self.redo_bytes = 0
 
     # ------------------------------------------------------------------ the meter
+    # (StorageMeter counts the same way; this is its own code, so that the meter that checks
+    # a replay's memory shares nothing with it)
     def _count(self, x: torch.Tensor) -> None:
         st = x.untyped_storage()
         key = id(st)
