@@ -238,3 +238,23 @@ def test_gpt2_replays_each_kind_of_step_bitwise_within_the_budget():
         assert st.replayed_ops > 0 and st.replay_handed_over_at is None, (i, st)
         assert st.replay_recomputed_ops > 0 and st.peak_bytes <= budget
     assert stats[4].replay_reason == HANDED_OVER_OPS  # (the first of another length)
+
+
+def test_a_metered_peak_above_the_forecast_widens_the_margin_once():
+    budget = budget_of(mlp, batch, 0.6)
+    session = membudget.budget(budget, mode="planned")
+    got = Trainer(mlp(), batch, session)
+    for i in range(3):
+        got.step(i)
+    tuning = session.planning.start.tuning
+    assert tuning.forecast <= tuning.target() < budget
+    miss = budget // 20
+    tuning.report(True, tuning.forecast + miss)  # a step that peaked 5 % over its forecast
+    assert tuning.error == miss and tuning.forecast <= budget - miss
+    chosen = tuning.closures
+    tuning.report(True, tuning.forecast + miss)  # the same miss again: nothing to redo
+    assert tuning.closures is chosen
+    for i in range(3, 5):  # and the steps after it drop more, within the budget
+        out = got.step(i)
+        assert out[2] <= tuning.forecast + miss <= budget
+        assert session.stats.replay_dropped == len(chosen)

@@ -549,25 +549,28 @@ class ReplayPlan:
 class Tuning:
     """Which values a replay of one plan drops: the fewest whose forecast peak leaves a
     margin under the budget (:meth:`ReplayPlan.choose`). A replayed step's metered peak
-    corrects the forecast: where it was higher, the margin grows by the difference."""
+    corrects the forecast: the most it was above it widens the margin, once."""
 
     MARGIN = 0.01  # of the budget
 
     def __init__(self, plan: ReplayPlan, budget: int) -> None:
         self.plan, self.budget = plan, budget
-        self.target = budget - int(self.MARGIN * budget)
-        chosen = plan.choose(self.target)
+        self.error = 0  # the most a metered peak was above its forecast
+        chosen = plan.choose(self.target())
         self.failed = chosen is None  # no drops fit: not replayed
         self.closures, self.forecast = chosen if chosen is not None else ({}, 0)
+
+    def target(self) -> int:
+        return self.budget - int(self.MARGIN * self.budget) - self.error
 
     def report(self, fitted: bool, peak: int) -> None:
         """A replayed step ended within the budget (``fitted``) or handed over to fit."""
         if not fitted:
             self.failed = True
             return
-        if peak > self.forecast:
-            self.target -= peak - self.forecast
-            chosen = self.plan.choose(self.target)
+        if peak - self.forecast > self.error:
+            self.error = peak - self.forecast
+            chosen = self.plan.choose(self.target())
             if chosen is not None:
                 self.closures, self.forecast = chosen
 
