@@ -185,12 +185,19 @@ def test_a_step_whose_ops_differ_is_handed_to_the_engine_then_replays_resume():
     assert session.stats.replayed_ops > 0 and session.stats.replay_handed_over_at is None
 
 
-def test_a_parameter_written_before_the_backward_is_refused_and_training_goes_on():
+def replaying_mlp(steps: int):
+    """The MLP in a planned session at 0.6 of its peak, after ``steps`` steps: (budget,
+    session, trainer)."""
     budget = budget_of(mlp, batch, 0.6)
     session = membudget.budget(budget, mode="planned")
     got = Trainer(mlp(), batch, session)
-    for i in range(4):
+    for i in range(steps):
         got.step(i)
+    return budget, session, got
+
+
+def test_a_parameter_written_before_the_backward_is_refused_and_training_goes_on():
+    budget, session, got = replaying_mlp(4)
     assert session.stats.replayed_ops > 0
     first = got.model[0][0].weight  # (what block 0's recomputations read)
     with pytest.raises(MembudgetError, match="written after the forward pass read it"):
@@ -241,11 +248,7 @@ def test_gpt2_replays_each_kind_of_step_bitwise_within_the_budget():
 
 
 def test_a_metered_peak_above_the_forecast_widens_the_margin_once():
-    budget = budget_of(mlp, batch, 0.6)
-    session = membudget.budget(budget, mode="planned")
-    got = Trainer(mlp(), batch, session)
-    for i in range(3):
-        got.step(i)
+    budget, session, got = replaying_mlp(3)
     tuning = session.planning.start.tuning
     assert tuning.forecast <= tuning.target() < budget
     miss = budget // 20

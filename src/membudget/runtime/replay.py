@@ -486,7 +486,7 @@ class ReplayPlan:
         the fit does not need. None if no set found fits."""
         closures: dict[Key, Closure] = {}
         best = self.excess(closures, target)
-        left = self.units()
+        units = left = self.units()
         for _ in range(3):
             rejected = []
             for unit in left:
@@ -504,7 +504,7 @@ class ReplayPlan:
         if best[0] > target:
             return None
         nodes = self.nodes
-        chosen = [u for u in self.units() if u[0] in closures]
+        chosen = [u for u in units if u[0] in closures]
         for unit in sorted(chosen, key=lambda u: -sum(nodes[n].cost for k in u
                                                        for n in closures[k].ops)):
             if unit[0] not in closures:
