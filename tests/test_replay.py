@@ -15,6 +15,7 @@ import copy
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import membudget
 from membudget import MembudgetError
@@ -261,3 +262,59 @@ def test_a_metered_peak_above_the_forecast_widens_the_margin_once():
         out = got.step(i)
         assert out[2] <= tuning.forecast + miss <= budget
         assert session.stats.replay_dropped == len(chosen)
+
+
+class Halves(nn.Module):
+    """One linear's output split in two halves, one read as it is (a view: autograd keeps
+    the whole output), the other copied first, as attention's keys and values are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.out = nn.Linear(64, 512), nn.Linear(256, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.inp(x).chunk(2, dim=-1)
+        return x + self.out(torch.tanh(a * b.contiguous()))
+
+
+def halves() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[Halves() for _ in range(4)])
+
+
+def rows(i: int) -> torch.Tensor:
+    return torch.randn(512, 64, generator=torch.Generator().manual_seed(100 + i))
+
+
+class CountMatmuls(TorchDispatchMode):
+    """Counts the matmuls that run (entered outside the session: recomputations too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func is torch.ops.aten.addmm.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_copy_of_kept_memory_is_recomputed_from_a_view_of_it_not_by_its_matmul():
+    """The copied half is recomputed by the copy alone, from the half kept (the linear's
+    output stays, viewed again as the record had it): no matmul runs twice. A batch laid
+    out otherwise (the views' layout follows it) is handed to the engine."""
+    budget = budget_of(halves, rows, 0.8)
+    session = membudget.budget(budget, mode="planned")
+    got, ref = Trainer(halves(), rows, session), Trainer(halves(), rows)
+    for i in range(5):
+        with CountMatmuls() as count:
+            out = got.step(i)
+        with CountMatmuls() as eager:
+            assert_same(out, ref.step(i))
+        assert out[2] <= budget
+    st = session.stats
+    assert st.replayed_ops > 0 and st.replay_dropped > 0 and st.replay_recomputed_ops > 0
+    assert count.n == eager.n
+    got.inputs = ref.inputs = lambda i: rows(i).t().contiguous().t()  # (column-major)
+    out = got.step(5)
+    assert_same(out, ref.step(5))
+    assert session.stats.replay_reason == HANDED_OVER_OPS and out[2] <= budget

@@ -64,17 +64,20 @@ HANDED_OVER_FIT = "the plan does not fit"
 MAX_CLOSURE = 256  # ops one recomputation may run; a value needing more is kept
 
 Key = tuple[int, int]  # (op index in the step, tensor output index)
+Layout = tuple[torch.dtype, torch.Size, tuple[int, ...], int]  # dtype, size, stride, offset
 
 
 class Src:
     """A tensor argument of a recorded op: a value of the step (``key``), a parameter (by
     identity), or an input of the step, such as the batch, which is another tensor in every
-    step (``key`` and ``param`` None); ``shape`` as recorded."""
+    step (``key`` and ``param`` None); ``shape`` as recorded, and an input's ``stride``
+    (the layout of the values made from it follows)."""
 
-    __slots__ = ("key", "param", "shape")
+    __slots__ = ("key", "param", "shape", "stride")
 
-    def __init__(self, key: Key | None, param: torch.Tensor | None, shape: torch.Size) -> None:
-        self.key, self.param, self.shape = key, param, shape
+    def __init__(self, key: Key | None, param: torch.Tensor | None, shape: torch.Size,
+                 stride: tuple[int, ...] | None = None) -> None:
+        self.key, self.param, self.shape, self.stride = key, param, shape, stride
 
 
 class Node:
@@ -115,6 +118,7 @@ class StepRecorder(TorchDispatchMode):
         self.packs: list[Key | None] = []  # the value of each saved tensor, in order
         self.nbytes: dict[Key, int] = {}  # bytes of a value's storage (0: a view)
         self.storage: dict[Key, int] = {}  # an id of the storage each value lives in
+        self.layout: dict[Key, Layout] = {}  # each strided value's place in its storage
         self.writes: list[tuple[int, int]] = []  # (op, storage) of each write
         self.events: list[tuple[int, Any]] = []  # (OP, n), (DIE, key), (UNPACK, pack index)
         self.outside: dict[int, tuple[int, int]] = {}  # storage id -> (first event, bytes)
@@ -164,7 +168,9 @@ class StepRecorder(TorchDispatchMode):
                     st = x.untyped_storage()
                     if id(st) not in self.outside:
                         self.outside[id(st)] = (len(events) - 1, st.nbytes())
-                template.append(Src(key, x if key is None and _is_param(x) else None, x.shape))
+                param = x if key is None and _is_param(x) else None
+                outer = key is None and param is None and x.layout is torch.strided
+                template.append(Src(key, param, x.shape, x.stride() if outer else None))
             else:
                 template.append(x)
         info = op_info(func)
@@ -185,6 +191,8 @@ class StepRecorder(TorchDispatchMode):
             key = (n, len(outs))
             outs.append(j)
             self._track(o, key)
+            if o.layout is torch.strided:
+                self.layout[key] = (o.dtype, o.shape, o.stride(), o.storage_offset())
             if id(o) in targets:  # (written in place: the memory it had)
                 self.storage[key] = targets[id(o)]
                 nbytes = 0
@@ -225,12 +233,14 @@ class StepRecorder(TorchDispatchMode):
 
 class Closure:
     """How a dropped value is recomputed: the recorded ops to run (in order), the kept
-    values they read, and the bytes their outputs take."""
+    values they read, the bytes their outputs take, and the values they read that are
+    views again of kept memory (``views``: value -> the kept value in its storage)."""
 
-    __slots__ = ("frontier", "new_bytes", "ops")
+    __slots__ = ("frontier", "new_bytes", "ops", "views")
 
-    def __init__(self, ops: list[int], frontier: set[Key], new_bytes: int) -> None:
-        self.ops, self.frontier, self.new_bytes = ops, frontier, new_bytes
+    def __init__(self, ops: list[int], frontier: set[Key], new_bytes: int,
+                 views: dict[Key, Key]) -> None:
+        self.ops, self.frontier, self.new_bytes, self.views = ops, frontier, new_bytes, views
 
 
 class ReplayPlan:
@@ -251,6 +261,10 @@ class ReplayPlan:
             self.writers.setdefault(g, []).append(n)
         self.writes = {g: ns[-1] for g, ns in self.writers.items()}  # the last of them
         self.tainted = {k for k, g in rec.storage.items() if self.writes.get(g, -1) > k[0]}
+        self.layout = rec.layout
+        self.saved_in: dict[int, list[Key]] = {}  # the saved values in each storage
+        for k in sorted(self.saved):
+            self.saved_in.setdefault(rec.storage[k], []).append(k)
         self.unpacks: dict[Key, int] = {}
         for k in rec.packs:
             if k is not None:
@@ -340,10 +354,12 @@ class ReplayPlan:
     def closure(self, key: Key, dropped: set[Key]) -> Closure | None:
         """How ``key`` is recomputed when the values in ``dropped`` are gone; None if it
         cannot be: an op that may not run again, a write to memory the recomputation does
-        not make, or a read of memory that is written after the read."""
+        not make, or a read of memory that is written after the read. A value it reads
+        whose memory a kept value holds is viewed again there (no op made it twice)."""
         nodes, saved, group, writes = self.nodes, self.saved, self.group, self.writes
         ops: set[int] = set()
         frontier: set[Key] = set()
+        views: dict[Key, Key] = {}
         reads: list[tuple[Key, int]] = []  # recomputed values, and the op reading each
         stack = [key[0]]
         while stack:
@@ -366,6 +382,9 @@ class ReplayPlan:
                     if i in node.wrote or writes.get(group[k], -1) > n:
                         return None
                     frontier.add(k)
+                elif i not in node.wrote and (m := self._kept_alias(k, dropped, n)) is not None:
+                    views[k] = m
+                    frontier.add(m)
                 else:
                     stack.append(k[0])
                     reads.append((k, n))
@@ -373,7 +392,19 @@ class ReplayPlan:
         for k, n in reads:
             if any(k[0] < w < n and w not in ops for w in self.writers.get(group[k], ())):
                 return None
-        return Closure(sorted(ops), frontier, sum(nodes[n].new_bytes for n in ops))
+        return Closure(sorted(ops), frontier, sum(nodes[n].new_bytes for n in ops), views)
+
+    def _kept_alias(self, key: Key, dropped: set[Key], n: int) -> Key | None:
+        """A kept saved value of ``key``'s dtype in ``key``'s storage, unwritten since op
+        ``n`` read ``key``: ``key`` is then a view of its memory (see :meth:`Replay._view`)."""
+        layout = self.layout.get(key)
+        g = self.group[key]
+        if layout is None or self.writes.get(g, -1) > n:
+            return None
+        for m in self.saved_in.get(g, ()):
+            if m not in dropped and (lm := self.layout.get(m)) is not None and lm[0] == layout[0]:
+                return m
+        return None
 
     def peak(self, closures: dict[Key, Closure]) -> int:
         """The forecast peak of a replay that drops the keys of ``closures`` (see
@@ -669,6 +700,9 @@ class Replay:
                         if x is not s.param:
                             return self.hand_over(func, types, args, kwargs,
                                                   HANDED_OVER_OPS)
+                    elif s.stride is not None and x.stride() != s.stride:  # (the layout of
+                        # what is made from it: see ReplayPlan._kept_alias)
+                        return self.hand_over(func, types, args, kwargs, HANDED_OVER_OPS)
                     elif full and (node.rerun is None or node.rerun[i] is not None):
                         # (this step's input, as it is now: recomputations read it)
                         self.outer[(k, i)] = (x, x._version)
@@ -785,10 +819,14 @@ class Replay:
         """``key`` again, by its closure's ops from the values kept; recomputed values with
         unpacks still to come stay in the table (their closures' reads are then done)."""
         plan, table, outer, versions = self.plan, self.table, self.outer, self.versions
-        ops = self.closures[key].ops
+        closure = self.closures[key]
+        ops = closure.ops
         memo: dict[Key, torch.Tensor] = {}
         self.redoing = True
         try:
+            self.redo_bytes = 0
+            for k, m in closure.views.items():
+                memo[k] = self._view(k, m, table[m])
             for n in ops:
                 node = plan.nodes[n]
                 flat = []
@@ -824,6 +862,19 @@ class Replay:
                 table[k] = v
                 self._release(k)
         return memo[key]
+
+    def _view(self, key: Key, kept: Key, x: torch.Tensor) -> torch.Tensor:
+        """``key`` as a view of ``x``, the kept value ``kept`` in its storage: at the place
+        the record had it relative to ``kept``."""
+        _, size, stride, offset = self.plan.layout[key]
+        _, kept_size, kept_stride, kept_offset = self.plan.layout[kept]
+        if x.shape != kept_size or x.stride() != kept_stride:
+            raise MembudgetError(
+                f"a kept activation ({x.shape}, strides {x.stride()}) is laid out otherwise "
+                f"than when the step was recorded ({kept_size}, strides {kept_stride}); a "
+                "replayed step cannot view it again. Make the session with replay=False")
+        with below_autograd(False):
+            return x.as_strided(size, stride, x.storage_offset() + offset - kept_offset)
 
     def _release(self, key: Key) -> None:
         """``key`` will not be recomputed again: its closure's kept values are read once less."""
