@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils._python_dispatch import (
-    _get_current_dispatch_mode,
+    _get_current_dispatch_mode_stack,
     is_traceable_wrapper_subclass,
 )
 
@@ -161,9 +161,10 @@ class Leaves:
         """Before a module first runs in the session, adopt all its parameters and buffers
         (its submodules' included)."""
         session = self.session
-        if (id(module) in self.adopted or _get_current_dispatch_mode() is not session
-                or session.replay is not None):
-            return  # (the hook is global: not this thread's session; a replay meters)
+        if (id(module) in self.adopted or session.replay is not None
+                or session not in _get_current_dispatch_mode_stack()):
+            return  # (the hook is global: not this thread's session, which may have modes
+            # on top, a recorder or a meter; a replay meters)
         self.adopted.update(id(m) for m in module.modules())
         state = [y for x in (*module.parameters(), *module.buffers()) for y in _inner(x)]
 
