@@ -24,10 +24,13 @@ SCALARS = frozenset((int, float, bool, type(None), torch.dtype, torch.device, to
 
 
 def _expand(x: Any, leaves: list[Any]) -> Any:
-    """Append the leaves of one argument; return its layout (None: itself a leaf)."""
-    if type(x) in SEQUENCES and any(isinstance(e, torch.Tensor) for e in x):
-        leaves.extend(x)
-        return (type(x), len(x))
+    """Append the leaves of one argument; return its layout (None: itself a leaf). A list
+    of ints (a shape, dims: the commonest list) is known by its first element."""
+    if type(x) in SEQUENCES and x and type(x[0]) is not int:
+        for e in x:
+            if isinstance(e, torch.Tensor):
+                leaves.extend(x)
+                return (type(x), len(x))
     leaves.append(x)
     return None
 
@@ -40,11 +43,11 @@ def flatten(args: tuple, kwargs: dict) -> tuple[list[Any], Spec]:
         else:
             return list(args), None
     leaves: list[Any] = []
-    arg_layout = tuple(_expand(a, leaves) for a in args)
+    arg_layout = tuple([_expand(a, leaves) for a in args])
     if not kwargs:
         return leaves, (arg_layout, (), ())
     names = tuple(kwargs)
-    return leaves, (arg_layout, names, tuple(_expand(kwargs[k], leaves) for k in names))
+    return leaves, (arg_layout, names, tuple([_expand(kwargs[k], leaves) for k in names]))
 
 
 def unflatten(leaves: list[Any], spec: Spec) -> tuple[tuple, dict]:

@@ -33,7 +33,6 @@ session as a pinned leaf, and the rest of the step runs dynamically, within the 
 from __future__ import annotations
 
 import weakref
-from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -49,7 +48,7 @@ from membudget.runtime.call import (
     generators_in,
 )
 from membudget.runtime.classify import op_info
-from membudget.runtime.flat import NO_KWARGS, flatten, flatten_result, unflatten
+from membudget.runtime.flat import NO_KWARGS, SEQUENCES, flatten, flatten_result, unflatten
 from membudget.runtime.tensor import RematTensor
 
 if TYPE_CHECKING:
@@ -281,6 +280,30 @@ class ReplayPlan:
                 self.checked.add(n)
                 stack.extend(s.key[0] for s in self.nodes[n].leaves
                              if type(s) is Src and s.key is not None)
+        # what a replay checks of each op, found once (it is the replay's hot path): its
+        # tensor arguments, each with whether a recomputation reads the step's input there;
+        # the constants of the ops in ``checked`` (None elsewhere); its outputs (place in
+        # the result, value) and whether they may be new storage (else they are views of,
+        # or writes to, storage counted already)
+        self.tensors: list[tuple[tuple[int, Src, bool], ...]] = []
+        self.constants: list[tuple[tuple[int, Any], ...] | None] = []
+        self.outputs: list[tuple[tuple[int, Key], ...]] = []
+        # the ops whose arguments are their leaves, one each: no keywords, and lists only
+        # of ints (shapes, dims), which the same op's schema cannot fill with tensors, so a
+        # replay need not flatten them to find their tensors
+        self.positional = [node.spec is None or (
+            not node.spec[1] and not any(node.spec[0])
+            and all(not x or type(x[0]) is int for x in node.leaves if type(x) in SEQUENCES))
+            for node in self.nodes]
+        for n, node in enumerate(self.nodes):
+            full = n in self.checked
+            self.tensors.append(tuple(
+                (i, s, full and s.key is None and s.param is None
+                 and (node.rerun is None or node.rerun[i] is not None))
+                for i, s in enumerate(node.leaves) if type(s) is Src))
+            self.constants.append(tuple((i, s) for i, s in enumerate(node.leaves)
+                                        if type(s) is not Src) if full else None)
+            self.outputs.append(tuple((j, (n, i)) for i, j in enumerate(node.outs)))
 
     def _timeline(self, rec: StepRecorder) -> None:
         """When, in the recorded step's events, each value was made, read, died, unpacked."""
@@ -672,61 +695,70 @@ class Replay:
             if self.live_bytes > self.peak_bytes:
                 self.peak_bytes = self.live_bytes
             return out
-        if func.namespace in _UNRECORDED:
-            return func(*args, **kwargs)
-        if func is _detach:
-            out = func(*args, **kwargs)
-            hit = self._ids.get(id(args[0]))
-            if hit is not None and hit[1]() is args[0]:
-                self._ids[id(out)] = (hit[0], weakref.ref(out))
-            return out
         k = self.k
-        nodes = self.plan.nodes
+        plan = self.plan
+        nodes = plan.nodes
         node = nodes[k] if k < len(nodes) else None
-        if node is None or node.func is not func:
+        if node is None or node.func is not func:  # (no recorded op is one of these:)
+            if func.namespace in _UNRECORDED:
+                return func(*args, **kwargs)
+            if func is _detach:
+                out = func(*args, **kwargs)
+                hit = self._ids.get(id(args[0]))
+                if hit is not None and hit[1]() is args[0]:
+                    self._ids[id(out)] = (hit[0], weakref.ref(out))
+                return out
             return self.hand_over(func, types, args, kwargs, HANDED_OVER_OPS)
-        leaves, spec = flatten(args, kwargs)
-        if spec != node.spec or len(leaves) != len(node.leaves):
+        if kwargs or not plan.positional[k]:
+            leaves, spec = flatten(args, kwargs)
+            if spec != node.spec or len(leaves) != len(node.leaves):
+                return self.hand_over(func, types, args, kwargs, HANDED_OVER_OPS)
+        elif len(args) == len(node.leaves):
+            leaves = args
+        else:
             return self.hand_over(func, types, args, kwargs, HANDED_OVER_OPS)
         ids = self._ids
-        full = k in self.plan.checked  # (elsewhere a constant may change: a learning rate)
-        for i, (x, s) in enumerate(zip(leaves, node.leaves, strict=True)):
-            if type(s) is Src:
-                if not isinstance(x, torch.Tensor) or x.shape != s.shape:
-                    return self.hand_over(func, types, args, kwargs, HANDED_OVER_OPS)
-                key = s.key
-                if key is None:
-                    if s.param is not None:
-                        if x is not s.param:
-                            return self.hand_over(func, types, args, kwargs,
-                                                  HANDED_OVER_OPS)
-                    elif s.stride is not None and x.stride() != s.stride:  # (the layout of
-                        # what is made from it: see ReplayPlan._kept_alias)
-                        return self.hand_over(func, types, args, kwargs, HANDED_OVER_OPS)
-                    elif full and (node.rerun is None or node.rerun[i] is not None):
-                        # (this step's input, as it is now: recomputations read it)
-                        self.outer[(k, i)] = (x, x._version)
-                    self._count(x)
-                else:
-                    hit = ids.get(id(x))
-                    if hit is None or hit[0] != key or hit[1]() is not x:
-                        return self.hand_over(func, types, args, kwargs,
-                                              HANDED_OVER_OPS)
-            elif full and x is not s and (type(x) is not type(s) or x != s):
+        for i, s, outer in plan.tensors[k]:
+            x = leaves[i]
+            if not isinstance(x, torch.Tensor) or x.shape != s.shape:
                 return self.hand_over(func, types, args, kwargs, HANDED_OVER_OPS)
+            key = s.key
+            if key is not None:
+                hit = ids.get(id(x))
+                if hit is None or hit[0] != key or hit[1]() is not x:
+                    return self.hand_over(func, types, args, kwargs, HANDED_OVER_OPS)
+                continue
+            if s.param is not None:
+                if x is not s.param:
+                    return self.hand_over(func, types, args, kwargs, HANDED_OVER_OPS)
+            elif s.stride is not None and x.stride() != s.stride:  # (the layout of what is
+                # made from it: see ReplayPlan._kept_alias)
+                return self.hand_over(func, types, args, kwargs, HANDED_OVER_OPS)
+            elif outer:  # (this step's input, as it is now: recomputations read it)
+                self.outer[(k, i)] = (x, x._version)
+            self._count(x)
+        constants = plan.constants[k]  # (elsewhere a constant may change: a learning rate)
+        if constants is not None:
+            for i, c in constants:
+                x = leaves[i]
+                if x is not c and (type(x) is not type(c) or x != c):
+                    return self.hand_over(func, types, args, kwargs, HANDED_OVER_OPS)
         if self.live_bytes + node.new_bytes > self.budget:
             return self.hand_over(func, types, args, kwargs, HANDED_OVER_FIT)
-        if full and node.random:  # (a recomputation draws the same numbers)
+        if constants is not None and node.random:  # (a recomputation draws the same
+            # numbers)
             self.rng[k] = capture_rng(
                 devices_of([x for x in leaves if isinstance(x, torch.Tensor)]),
                 generators_in(leaves))
         out = func(*args, **kwargs)
         self.k = k + 1
-        flat, _ = flatten_result(out)
-        for i, j in enumerate(node.outs):
+        flat = out if type(out) in SEQUENCES else (out,)
+        new = node.new_bytes
+        for j, key in plan.outputs[k]:
             o = flat[j]
-            ids[id(o)] = ((k, i), weakref.ref(o))
-            self._count(o)
+            ids[id(o)] = (key, weakref.ref(o))
+            if new:
+                self._count(o)
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
         return out
@@ -823,36 +855,43 @@ class Replay:
         ops = closure.ops
         memo: dict[Key, torch.Tensor] = {}
         self.redoing = True
+        grad = torch.is_grad_enabled()
         try:
             self.redo_bytes = 0
             for k, m in closure.views.items():
                 memo[k] = self._view(k, m, table[m])
-            for n in ops:
-                node = plan.nodes[n]
-                flat = []
-                for i, s in enumerate(node.leaves if node.rerun is None else node.rerun):
-                    if type(s) is not Src:
-                        flat.append(s)
-                    elif s.key is not None:
-                        flat.append(table[s.key] if s.key in table else memo[s.key])
-                    elif s.param is not None:
-                        if s.param._version != versions[id(s.param)]:
-                            raise _written()
-                        flat.append(s.param)
+            with below_autograd(grad):  # (entered once: it costs more than a small op)
+                for n in ops:
+                    node = plan.nodes[n]
+                    flat = []
+                    for i, s in enumerate(node.leaves if node.rerun is None else node.rerun):
+                        if type(s) is not Src:
+                            flat.append(s)
+                        elif s.key is not None:
+                            flat.append(table[s.key] if s.key in table else memo[s.key])
+                        elif s.param is not None:
+                            if s.param._version != versions[id(s.param)]:
+                                raise _written()
+                            flat.append(s.param)
+                        else:
+                            x, version = outer[(n, i)]
+                            if x._version != version:
+                                raise _written()
+                            flat.append(x)
+                    args, kwargs = unflatten(flat, node.spec)
+                    self.redo_bytes = node.new_bytes
+                    if node.grad != grad:  # (the grad mode it first ran in; left on exit)
+                        grad = node.grad
+                        torch.set_grad_enabled(grad)
+                    if node.random:
+                        with RestoredRng(self.rng[n]):
+                            out = node.func(*args, **kwargs)
                     else:
-                        x, version = outer[(n, i)]
-                        if x._version != version:
-                            raise _written()
-                        flat.append(x)
-                args, kwargs = unflatten(flat, node.spec)
-                self.redo_bytes = node.new_bytes
-                with below_autograd(node.grad), (RestoredRng(self.rng[n]) if node.random
-                                                 else nullcontext()):
-                    out = node.func(*args, **kwargs)
-                res, _ = flatten_result(out)
-                for i, j in enumerate(node.outs):
-                    memo[(n, i)] = res[j]
-                self.recomputed += 1
+                        out = node.func(*args, **kwargs)
+                    res, _ = flatten_result(out)
+                    for i, j in enumerate(node.outs):
+                        memo[(n, i)] = res[j]
+                    self.recomputed += 1
         finally:
             self.redoing = False
         ids = self._ids
