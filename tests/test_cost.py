@@ -200,6 +200,26 @@ def test_cpu_spec_is_measured_and_cached(tmp_path: pytest.TempPathFactory,
     devices._cpu_spec.cache_clear()
 
 
+def test_a_session_prices_ops_on_the_cpu_spec_of_the_thread_count_it_runs_at() -> None:
+    """The cpu spec is measured per thread count; a session's op prices must follow the
+    count of the moment, not whichever count priced an op first in the process (a test that
+    ran at one thread used to change the evictions of every later one)."""
+    from membudget.runtime.sizing import model_seconds
+
+    a, b = torch.ones(256, 256), torch.ones(256, 256)
+    out = a @ b
+    threads = torch.get_num_threads()
+    try:
+        prices = {}
+        for n in (1, 2, 1):
+            torch.set_num_threads(n)
+            price = model_seconds(torch.ops.aten.mm.default, (a, b), {}, out)
+            assert price == CostModel("cpu").op_seconds(torch.ops.aten.mm.default, (a, b), {}, out)
+            assert prices.setdefault(n, price) == price
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c.canonical], ids=lambda c: c.op)
 def test_coop_table1_within_2x(case: object) -> None:
     d = density(case, CostModel("rtx-2080ti"))  # type: ignore[arg-type]

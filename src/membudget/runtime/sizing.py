@@ -225,11 +225,19 @@ def move_prices() -> tuple[float, float]:
     return _model("cuda" if torch.accelerator.is_available() else "cpu").spec.move_ns()
 
 
-@cache
 def _model(device: str) -> Any:
+    """The cost model of a device kind: the ``cpu`` spec is measured per thread count (it
+    changes the numbers), so it is the one for the thread count of the moment."""
+    return _cost_model(device == "cpu", torch.get_num_threads())
+
+
+@cache
+def _cost_model(cpu: bool, threads: int) -> Any:
+    """One model per device kind and thread count (``threads`` keys the cache: the ``cpu``
+    spec it reads is measured at the thread count of its first use)."""
     from membudget.cost import CostModel
 
-    return CostModel("cpu" if device == "cpu" else "a100-80gb")
+    return CostModel("cpu" if cpu else "a100-80gb")
 
 
 def budgetable(x: torch.Tensor, what: str) -> None:
