@@ -283,8 +283,7 @@ class ReplayPlan:
         # what a replay checks of each op, found once (it is the replay's hot path): its
         # tensor arguments, each with whether a recomputation reads the step's input there;
         # the constants of the ops in ``checked`` (None elsewhere); its outputs (place in
-        # the result, value) and whether they may be new storage (else they are views of,
-        # or writes to, storage counted already)
+        # the result, value)
         self.tensors: list[tuple[tuple[int, Src, bool], ...]] = []
         self.constants: list[tuple[tuple[int, Any], ...] | None] = []
         self.outputs: list[tuple[tuple[int, Key], ...]] = []
@@ -752,8 +751,8 @@ class Replay:
                 generators_in(leaves))
         out = func(*args, **kwargs)
         self.k = k + 1
-        flat = out if type(out) in SEQUENCES else (out,)
-        new = node.new_bytes
+        flat = out if isinstance(out, (tuple, list)) else (out,)
+        new = node.new_bytes  # (0: its outputs are views of, or writes to, storage counted)
         for j, key in plan.outputs[k]:
             o = flat[j]
             ids[id(o)] = (key, weakref.ref(o))
