@@ -1012,7 +1012,9 @@ def cpu_name() -> str:
 
 
 def report(benches: Sequence[Bench], args: argparse.Namespace, malloc: str, wall: float,
-           plot_path: Path, load: tuple[str, str]) -> list[str]:
+           plot_path: Path, load: tuple[str, str], state: str) -> list[str]:
+    """The results page; ``state`` is the checkout's commit when the run started (what it
+    imported and ran; the tree may be edited while it runs)."""
     import transformers
 
     backends = sorted({b.backend for b in benches})
@@ -1026,7 +1028,7 @@ def report(benches: Sequence[Bench], args: argparse.Namespace, malloc: str, wall
         f"{cpu_name()}, {platform.machine()}, {os.cpu_count()} cores (shared with other "
         f"work), torch {torch.__version__} with {torch.get_num_threads()} intra-op "
         f"thread(s), transformers {transformers.__version__}, Python "
-        f"{platform.python_version()}, membudget {git_state(ROOT)} (core "
+        f"{platform.python_version()}, membudget {state} (core "
         f"{'compiled with mypyc' if COMPILED else 'interpreted'}). Wall time {wall / 60:.0f} "
         f"min; load average (1, 5, 15 min) {load[0]} at the start and {load[1]} at the end. "
         f"Memory: {malloc}. Every figure below was measured by this run.", "",
@@ -1138,7 +1140,7 @@ def main() -> int:
 
     hf_logging.set_verbosity_error()
     t0 = time.perf_counter()
-    load_start = loadavg()
+    load_start, state = loadavg(), git_state(ROOT)
     benches = []
     backend = args.compile_backend
     for name in models:
@@ -1149,7 +1151,7 @@ def main() -> int:
     out = Path(args.out)
     plot_path = out.with_suffix(".png")
     plot(benches, plot_path)
-    lines = report(benches, args, malloc, wall, plot_path, (load_start, loadavg()))
+    lines = report(benches, args, malloc, wall, plot_path, (load_start, loadavg()), state)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines))
     log("\n" + "\n".join(lines))
