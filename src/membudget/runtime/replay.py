@@ -751,7 +751,7 @@ class Replay:
                 generators_in(leaves))
         out = func(*args, **kwargs)
         self.k = k + 1
-        flat = out if isinstance(out, (tuple, list)) else (out,)
+        flat, _ = flatten_result(out)
         new = node.new_bytes  # (0: its outputs are views of, or writes to, storage counted)
         for j, key in plan.outputs[k]:
             o = flat[j]
