@@ -107,3 +107,18 @@ def test_trace_and_sweep_commands_accept_zoo_models(tmp_path, monkeypatch):
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0 and cached[0].stat().st_mtime_ns == stamp  # not captured again
     assert "coop" in again.output and "dtr" in again.output
+
+
+@pytest.mark.parametrize("spec", ["a100-80gb", "h100"])
+def test_a_step_priced_on_a_device_spec_prices_its_moves_on_that_spec(tmp_path, spec):
+    """The move price in the header decides moves against evictions in the simulator: it is
+    the spec's, not a price measured on the machine that captured the step."""
+    from membudget.cost import get_spec
+    from membudget.sim.simulate import copy_executor
+
+    fake = capture_step("mobilenet-v2", 2, fake=True, spec=spec, path=tmp_path / "t.jsonl")
+    header = read_trace(fake.path).header
+    ns_per_byte, launch_ns = get_spec(spec).move_ns()
+    assert header["move_price"] == {"ns_per_byte": ns_per_byte, "launch_ns": launch_ns}
+    executor = copy_executor(header)
+    assert (executor.copy_ns_per_byte, executor.copy_launch) == (ns_per_byte, launch_ns)

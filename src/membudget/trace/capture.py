@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -30,7 +31,7 @@ from membudget.runtime.session import Session
 from membudget.units import format_bytes
 
 UNLIMITED = 2**62
-CAPTURE_VERSION = 3  # bump when what a capture records changes, to invalidate the cache
+CAPTURE_VERSION = 4  # bump when what a capture records changes, to invalidate the cache
 FAKE_SPEC = "a100-80gb"  # the default cost model of a fake capture
 Progress = Callable[[str, Session | None], None]
 
@@ -82,10 +83,14 @@ def capture_step(name: str, batch: int | None = None, *, fake: bool = False,
     if not fake and check_fits:
         _check_fits(name, batch, device, optimizer)
     timer: OpTimer | str = "measured"  # a live capture keeps the times it measured
+    prices: dict[str, Any] = {}  # a live capture keeps its session's move price
     if spec is not None:
         from membudget.cost import CostModel, get_spec
 
         timer = CostModel(get_spec(spec)).op_seconds
+        # moves are priced on the spec that prices the ops, not on the capturing machine
+        ns_per_byte, launch_ns = get_spec(spec).move_ns()
+        prices["move_price"] = {"ns_per_byte": ns_per_byte, "launch_ns": launch_ns}
     tell = progress or (lambda phase, session: None)
     t0 = time.perf_counter()
     torch.manual_seed(0)
@@ -124,7 +129,7 @@ def capture_step(name: str, batch: int | None = None, *, fake: bool = False,
             source="membudget trace", params=result.param_count, torch=torch.__version__,
             optimizer=optimizer,
             policy=None, allocator=None, budget_bytes=None,
-            dtype=str(torch.get_default_dtype()).removeprefix("torch."),
+            dtype=str(torch.get_default_dtype()).removeprefix("torch."), **prices,
             **({"blocks": sorted(blocks)} if blocks else {}))
     return result
 
