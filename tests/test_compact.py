@@ -70,6 +70,24 @@ def test_a_move_costs_what_the_executor_prices_and_counts_in_the_executed_cost()
         {"device_spec": "titan-v"}).copy_ns_per_byte
 
 
+def test_the_moves_that_make_one_block_are_one_batched_copy_with_one_launch():
+    """Two 10 B storages moved out of a run into a hole elsewhere: independent copies, one
+    multi-tensor launch (100) and their bytes (2 * 20 * 0.5), not a launch each."""
+    ex = SimulatedExecutor(copy_ns_per_byte=0.5, copy_launch=100.0)
+    eng = Engine(100, "dtr-compact-moves", "best-fit", ex)
+    x = eng.put(10)
+    p, q, r, s, t, u = (eng.apply(f"op{k}", [x], [n], cost=5.0)[0]
+                        for k, n in enumerate((20, 10, 10, 20, 10, 20)))
+    assert [v.storage.block.addr for v in (p, s)] == [10, 50]
+    assert eng.evict(p) and eng.evict(s)  # 40 B free in two holes of 20 B
+    (d,) = eng.apply("op6", [x], [40], cost=5.0)
+    assert (eng.stats.moves, eng.stats.moved_bytes, eng.stats.evictions) == (2, 20, 2)
+    assert eng.stats.move_cost == 100.0 + 2 * 20 * 0.5
+    assert ex.batch_price([q.storage, r.storage]) == eng.stats.move_cost
+    assert d.storage.resident and all(v.storage.resident for v in (q, r, t, u))
+    eng.allocator.check()
+
+
 def test_a_cheaper_window_is_evicted_instead_of_priced_moves():
     # Moving b (30 B) costs 100 + 2 * 30 * 0.5 = 130. Made at cost 5, its eviction is
     # weighed at 0.1 * 5 = 0.5 (as DTR's exact e*, nothing evicted around it adds to it): b

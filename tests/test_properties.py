@@ -69,7 +69,7 @@ class SymbolicExecutor(Executor):
     def value(self, tensor: Tensor) -> object:
         return self._read(tensor, "get_value")
 
-    def move(self, storage: Storage) -> float:
+    def move(self, storage: Storage, batched: bool = False) -> float:
         """The values (if computed yet: an op's outputs are placed before it runs, and may
         move while room is made for the next) go with the storage."""
         return 0.0

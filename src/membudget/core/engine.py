@@ -133,6 +133,7 @@ class Engine:
         # an allocation serves a recomputation (what it needs is this schedule's, not a
         # bound on every schedule's): set by _run for the frame placing outputs or inputs
         self._recomputing = False
+        self._batch_open = False  # a batch of moves has had its launch (_copy_batched)
         if self.pool.track_free_adj:  # else no allocator work on free neighbours at all
             self.allocator.pool = self.pool
         self.policy.attach(self)
@@ -649,15 +650,21 @@ class Engine:
                     and s.tensors[0].producer is not None):
                 raise EngineError(f"{s} cannot move: only resident computed storages can")
         into = [(s, hole) for s, hole in moves if hole is not None]
-        if into:
-            self.allocator.relocate(into, self._copy)
-        if len(into) < len(moves):
+        if into:  # independent copies (sources and free blocks do not overlap): one launch
+            self._batch_open = False
+            self.allocator.relocate(into, self._copy_batched)
+        if len(into) < len(moves):  # each slide depends on the one before: a launch each
             self.allocator.slide([s for s, hole in moves if hole is None], self._copy)
 
-    def _copy(self, s: Storage) -> None:
+    def _copy_batched(self, s: Storage) -> None:
+        """As :meth:`_copy`, in the launch of the batch's first copy."""
+        self._copy(s, self._batch_open)
+        self._batch_open = True
+
+    def _copy(self, s: Storage, batched: bool = False) -> None:
         """The executor copies the data of ``s`` to the block it was just given."""
         st = self.stats
-        st.move_cost += self.executor.move(s)
+        st.move_cost += self.executor.move(s, batched)
         st.moved_bytes += s.nbytes
         st.moves += 1
         self._check_limit()

@@ -38,9 +38,11 @@ class Executor(ABC):
     def value(self, tensor: Tensor) -> object:
         """The data of a materialized tensor (for ``Engine.get_value``)."""
 
-    def move(self, storage: Storage) -> float:
+    def move(self, storage: Storage, batched: bool = False) -> float:
         """Copy the data of a resident storage to its new block (the allocator moved it to
-        merge free blocks); return the copy's cost."""
+        merge free blocks); return the copy's cost. ``batched``: it goes in the same launch
+        as the copy before it (independent copies, one multi-tensor copy kernel, as
+        ``torch._foreach_copy_`` makes them), so no launch overhead of its own."""
         raise NotImplementedError(f"{type(self).__name__} cannot move storages")
 
     #: a move's price: ns per byte (read and written) and per copy; 0 where the executor
@@ -48,9 +50,15 @@ class Executor(ABC):
     copy_ns_per_byte: float = 0.0
     copy_launch: float = 0.0
 
-    def move_price(self, storage: Storage) -> float:
-        """What moving ``storage`` would cost, before deciding to."""
-        return self.copy_launch + 2 * storage.nbytes * self.copy_ns_per_byte
+    def move_price(self, storage: Storage, batched: bool = False) -> float:
+        """What moving ``storage`` would cost, before deciding to (``batched``: as
+        :meth:`move`)."""
+        return (0.0 if batched else self.copy_launch) + 2 * storage.nbytes * self.copy_ns_per_byte
+
+    def batch_price(self, storages: list[Storage]) -> float:
+        """What moving ``storages`` into free blocks elsewhere costs: independent copies,
+        one launch."""
+        return sum(self.move_price(s, k > 0) for k, s in enumerate(storages))
 
     # Swapping: a storage's bytes copied to host memory and back over the device's host link.
     # Every figure is in the cost unit; a stall is the time the ops wait for a copy.
@@ -154,8 +162,8 @@ class SimulatedExecutor(Executor):
         self.h2d = now + self.transfer(storage)
         return self.h2d
 
-    def move(self, storage: Storage) -> float:
-        return self.move_price(storage)
+    def move(self, storage: Storage, batched: bool = False) -> float:
+        return self.move_price(storage, batched)
 
     def run(self, path: ComputePath, remat: bool) -> float:
         return path.cost

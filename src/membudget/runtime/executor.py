@@ -340,11 +340,12 @@ class TorchExecutor(Executor):
     def value(self, tensor: Tensor) -> torch.Tensor:
         return self.values[tensor.id]
 
-    def move(self, storage: Storage) -> float:
+    def move(self, storage: Storage, batched: bool = False) -> float:
         """Copy the storage once to new memory and take every view of it again there (the
-        device's allocator picks the address); return the measured ns. The copy is an
-        ordinary op for the modes outside the session (a memory meter sees it), but not
-        for the session itself, which is ``mode`` while it runs."""
+        device's allocator picks the address); return the measured ns (``batched`` or not:
+        each copy is its own, timed). The copy is an ordinary op for the modes outside the
+        session (a memory meter sees it), but not for the session itself, which is ``mode``
+        while it runs."""
         values = self.values
         views = [(t.id, values[t.id]) for t in storage.tensors if t.id in values]
         if not views or self.layouts is FAKE:  # fake tensors hold no memory to move

@@ -9,7 +9,8 @@ unless evicting the cheapest covering run instead (Coop's window, scored with DT
 e*) costs less: its recomputation cost, counted at ``remat_share`` of its full amount
 (0.1; most evicted values are never recomputed, or only in part), against the copies'
 price. On a pool of segments, whole segments are emptied so that a new one fits. A copy costs
-one read and one write of the bytes, far less than recomputing them, so the run pays DTR's
+one read and one write of the bytes, far less than recomputing them, and the copies that empty
+one run are independent, so they share one launch (``Executor.batch_price``); the run pays DTR's
 recomputations plus the copies: what DTR pays on the ideal fungible pool, plus the price of
 the addresses. Leaves never move (their memory is the program's).
 
@@ -49,7 +50,7 @@ FALLBACKS = ("dtr", "window")
 SLIDES = ("rent", "last", "never")
 #: Share of a covering window's recomputation cost weighed against moving instead, tuned on
 #: the address-aware benchmark's traces (cells within 1.10x of DTR on the fungible pool, of
-#: 117: 53 at 1, 56 at 0.5, 60 at 0.25, 71 at 0.1, 37 evicting the window always, 49 never);
+#: 119, with one launch per batch of moves: 69 at 0.2, 76 at 0.15, 80 at 0.1, 76 at 0.07);
 #: most evicted values are never recomputed.
 REMAT_SHARE = 0.1
 
@@ -126,8 +127,7 @@ class DTRCompact(DTR):
         cost plus evicted neighbourhood, times ``remat_share``) costs less than ``moves``;
         else none."""
         assert self.remat_share is not None
-        price = self.engine.executor.move_price
-        copies = sum(price(s) for s, _ in moves)
+        copies = self.engine.executor.batch_price([s for s, _ in moves])
         run = cheapest_eviction_window(self, pool, clock, blocks, need)
         if run is None:
             return []
