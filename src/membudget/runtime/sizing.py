@@ -228,13 +228,15 @@ def move_prices() -> tuple[float, float]:
 def _model(device: str) -> Any:
     """The cost model of a device kind: the ``cpu`` spec is measured per thread count (it
     changes the numbers), so it is the one for the thread count of the moment."""
-    return _cost_model(device == "cpu", torch.get_num_threads())
+    cpu = device == "cpu"
+    return _cost_model(cpu, torch.get_num_threads() if cpu else 0)
 
 
 @cache
 def _cost_model(cpu: bool, threads: int) -> Any:
-    """One model per device kind and thread count (``threads`` keys the cache: the ``cpu``
-    spec it reads is measured at the thread count of its first use)."""
+    """One model per device kind, and for the ``cpu`` one per thread count (``threads`` keys
+    the cache: the spec it reads is measured at the thread count of its first use; 0 for an
+    accelerator's, which no thread count changes)."""
     from membudget.cost import CostModel
 
     return CostModel("cpu" if cpu else "a100-80gb")
