@@ -25,6 +25,17 @@ def test_sources_newer_than_their_compiled_modules_are_named(tmp_path):
                                        "membudget/core/policies/dtr.py"]
 
 
+def test_a_stale_packing_search_is_named(tmp_path):
+    """The packing search is compiled with the core, and guarded alike."""
+    package = tmp_path / "src" / "membudget" / "plan" / "packing"
+    package.mkdir(parents=True)
+    (package / f"canonical{EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+    (package / "canonical.py").write_text("")
+    built = (package / f"canonical{EXTENSION_SUFFIXES[0]}").stat().st_mtime
+    os.utime(package / "canonical.py", (built + 10, built + 10))
+    assert _stale_sources(package) == ["membudget/plan/packing/canonical.py"]
+
+
 def test_a_fresh_build_is_not_stale(tmp_path):
     package = tmp_path / "membudget" / "core"
     package.mkdir(parents=True)

@@ -1,7 +1,8 @@
 """The framework-free engine: records, allocators, policies, executors and stats. No torch.
 
-Its modules are compiled with mypyc when the package is built (setup.py); ``COMPILED`` says
-whether this process runs them compiled.
+Its modules are compiled with mypyc when the package is built (setup.py), as is the packing
+search (``membudget.plan.packing.canonical``); ``COMPILED`` says whether this process runs
+them compiled.
 """
 
 import warnings
@@ -22,7 +23,7 @@ def _stale_sources(package: Path) -> list[str]:
     running the compiled modules beside them until it is rebuilt). Each module beside its
     source is a shim into one group library that holds all the compiled code; a rebuild may
     leave a shim untouched, so a source counts as built when either is newer."""
-    root = package.parent.parent
+    root = next(p for p in package.parents if p.name == "membudget").parent
     group = max((p.stat().st_mtime for s in EXTENSION_SUFFIXES
                  for p in root.glob("membudget_core__mypyc" + s)), default=0.0)
     stale = []
@@ -33,11 +34,18 @@ def _stale_sources(package: Path) -> list[str]:
     return sorted(stale)
 
 
-if COMPILED and (_stale := _stale_sources(Path(__file__).parent)):
-    warnings.warn(f"membudget's compiled core is older than {', '.join(_stale)}: the old code "
-                  "runs. Rebuild it with `pip install -e .`, or install with "
-                  "MEMBUDGET_PURE_PYTHON=1 to run the sources uncompiled.",
-                  StaleBuildWarning, stacklevel=1)
+def warn_if_stale(package: Path) -> None:
+    """Warn (StaleBuildWarning) if compiled modules under ``package`` are older than their
+    sources: the old code would run."""
+    if stale := _stale_sources(package):
+        warnings.warn(f"membudget's compiled modules are older than {', '.join(stale)}: the "
+                      "old code runs. Rebuild them with `pip install -e .`, or install with "
+                      "MEMBUDGET_PURE_PYTHON=1 to run the sources uncompiled.",
+                      StaleBuildWarning, stacklevel=2)
+
+
+if COMPILED:
+    warn_if_stale(Path(__file__).parent)
 
 __all__ = ["COMPILED", "ComputePath", "Engine", "Executor", "SimulatedExecutor", "Storage",
            "Tensor"]

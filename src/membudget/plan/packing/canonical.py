@@ -19,7 +19,6 @@ import numpy as np
 from membudget.plan.packing.instance import Instance
 
 Stop = Callable[[], bool]
-_BIG = np.int64(1 << 62)
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,7 @@ class CanonicalSearch:
         self.options = options
         self.n = n = len(inst)
         self.size = inst.size
-        self.width = inst.width
+        self.width: list[int] = inst.width.tolist()
         lo, hi = inst.lo, inst.hi
         # Sections: the slots between consecutive events that end with some buffer's end
         # (the others are subsets of the next slot).
@@ -87,22 +86,27 @@ class CanonicalSearch:
             np.arange(int(spans.sum())) - np.repeat(np.cumsum(spans) - spans, spans))
         member_buf = np.repeat(np.arange(n), spans)
         k = np.lexsort((member_buf, member_sec))
-        self.members = member_buf[k]
-        self.indptr = np.searchsorted(member_sec[k], np.arange(s + 1))
+        indptr = np.searchsorted(member_sec[k], np.arange(s + 1))
+        self.members: list[list[int]] = (  # the buffers live in each section
+            [m.tolist() for m in np.split(member_buf[k], indptr[1:-1])] if s else [])
         self.total0 = np.zeros(s, dtype=np.int64)
         np.add.at(self.total0, member_sec, self.size[member_buf])
-        self.neighbours: list[np.ndarray] = []
+        self.neighbours: list[list[int]] = []
         self.block: list[tuple[int, int]] = []  # sections touched by i or a neighbour
         for i in range(n):
             nb = np.flatnonzero((self.lo < self.hi[i]) & (self.lo[i] < self.hi))
             nb = nb[nb != i]
-            self.neighbours.append(nb)
+            self.neighbours.append(nb.tolist())
             self.block.append((int(min(self.lo[i], self.lo[nb].min(initial=s))),
                                int(max(self.hi[i], self.hi[nb].max(initial=0)))))
         cuts = np.zeros(s + 1, dtype=np.int64)  # cuts[k]: buffers live in both k and k+1
         np.add.at(cuts, self.lo, 1)
         np.add.at(cuts, self.hi - 1, -1)
         self.cuts0 = np.cumsum(cuts)[: max(s - 1, 0)]
+        # the search reads plain lists: a node touches a few dozen entries
+        self.lo_l: list[int] = self.lo.tolist()
+        self.hi_l: list[int] = self.hi.tolist()
+        self.size_l: list[int] = self.size.tolist()
 
     def restarts(self, capacity: int, stop: Stop) -> np.ndarray | None:
         """Offsets (units) of a packing within ``capacity``, or None if none exists.
@@ -135,29 +139,32 @@ class CanonicalSearch:
                 return offsets
             budget += 1
 
-    def rank(self, bufs: np.ndarray, total: np.ndarray, heuristic: str,
-             rank: np.ndarray) -> None:
+    def rank(self, bufs: list[int], total: list[int], heuristic: str,
+             rank: list[int]) -> None:
         """Rank ``bufs`` in place in ``rank`` by the heuristic (descending keys, then id)."""
-        keys = {"W": self.width[bufs], "A": self.width[bufs] * self.size[bufs],
-                "T": np.array([int(total[self.lo[i]:self.hi[i]].max()) for i in bufs])}
-        order = np.lexsort([bufs] + [-keys[c] for c in reversed(heuristic)])
-        rank[bufs[order]] = np.arange(len(bufs))
+        lo, hi, width, size = self.lo_l, self.hi_l, self.width, self.size_l
+        keys = {"W": lambda i: width[i], "A": lambda i: width[i] * size[i],
+                "T": lambda i: max(total[lo[i]:hi[i]])}
+        order = sorted(bufs, key=lambda i: (*(-keys[c](i) for c in heuristic), i))
+        for r, i in enumerate(order):
+            rank[i] = r
 
-    def split(self, pa: int, pb: int, cuts_at: np.ndarray,
-              bufs: np.ndarray) -> Iterator[tuple[int, int, np.ndarray]]:
+    def split(self, pa: int, pb: int, cuts_at: list[int],
+              bufs: list[int]) -> Iterator[tuple[int, int, list[int]]]:
         """The non-empty independent parts (section range, buffers) of [pa, pb) cut at
         ``cuts_at``."""
-        bounds = [pa, *cuts_at.tolist(), pb]
-        for x, y in itertools.pairwise(bounds):
-            part = bufs[(self.lo[bufs] >= x) & (self.hi[bufs] <= y)]
-            if len(part):
+        lo, hi = self.lo_l, self.hi_l
+        for x, y in itertools.pairwise([pa, *cuts_at, pb]):
+            part = [i for i in bufs if lo[i] >= x and hi[i] <= y]
+            if part:
                 yield x, y, part
 
 
 class _Dfs:
     """One depth-first search at one capacity: the mutable state (offsets, lowest offset
     each unplaced buffer can take, sizes left and top per section, buffers crossing each
-    section boundary) and a trail to undo placements."""
+    section boundary) and a trail to undo placements. Python lists of ints, not arrays: a
+    node touches a few dozen entries, far below what a numpy call costs."""
 
     def __init__(self, tables: CanonicalSearch, capacity: int, heuristic: str, stop: Stop,
                  node_limit: int | None = None, discrepancies: int | None = None) -> None:
@@ -168,73 +175,89 @@ class _Dfs:
         self.stop = stop
         self.node_limit = node_limit
         self.discrepancies = discrepancies
-        n, s = tables.n, tables.sections
-        self.offsets = np.full(n, -1, dtype=np.int64)
-        self.min_off = np.zeros(n, dtype=np.int64)
-        self.free = np.ones(n, dtype=bool)
-        self.total = tables.total0.copy()
-        self.top = np.zeros(s, dtype=np.int64)
-        self.cuts = tables.cuts0.copy()
-        self.rank = np.zeros(n, dtype=np.int64)
-        self.trail: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+        n = tables.n
+        self.offsets = [-1] * n
+        self.min_off = [0] * n
+        self.free = [True] * n
+        self.total: list[int] = tables.total0.tolist()
+        self.top = [0] * tables.sections
+        self.cuts: list[int] = tables.cuts0.tolist()
+        self.rank = [0] * n
+        self.trail: list[tuple[int, list[int], list[int], list[int]]] = []
         self.nodes = 0
         self.cut = False
-        self.lo_l, self.hi_l = tables.lo.tolist(), tables.hi.tolist()
-        self.size_l = tables.size.tolist()
+        self.lo, self.hi, self.size = tables.lo_l, tables.hi_l, tables.size_l
 
     def run(self) -> tuple[np.ndarray | None, bool]:
         """Offsets of a packing (or None) and whether the discrepancy budget cut a branch."""
         t = self.t
         spare = t.n * t.n if self.discrepancies is None else self.discrepancies
-        parts = (t.split(0, t.sections, np.flatnonzero(self.cuts == 0) + 1, np.arange(t.n))
-                 if self.o.decompose else [(0, t.sections, np.arange(t.n))])
+        everyone = list(range(t.n))
+        parts = (t.split(0, t.sections, [k + 1 for k, c in enumerate(self.cuts) if c == 0],
+                         everyone) if self.o.decompose else [(0, t.sections, everyone)])
         for x, y, part in parts:
             t.rank(part, self.total, self.heuristic, self.rank)
             if not self._search(x, y, part, (0, -1), spare):
                 return None, self.cut
-        return self.offsets.copy(), self.cut
+        return np.array(self.offsets, dtype=np.int64), self.cut
 
-    def _place(self, j: int, off: int) -> np.ndarray:
+    def _place(self, j: int, off: int) -> list[int]:
         """Put buffer j at ``off``; returns its unplaced neighbours."""
-        lj, hj, sj = self.lo_l[j], self.hi_l[j], self.size_l[j]
-        nb = self.t.neighbours[j]
-        nb = nb[self.free[nb]]
-        self.trail.append((j, nb, self.min_off[nb], self.top[lj:hj].copy()))
+        lj, hj, top = self.lo[j], self.hi[j], off + self.size[j]
+        free, min_off, total = self.free, self.min_off, self.total
+        nb = [i for i in self.t.neighbours[j] if free[i]]
+        self.trail.append((j, nb, [min_off[i] for i in nb], self.top[lj:hj]))
         self.offsets[j] = off
-        self.free[j] = False
-        self.min_off[nb] = np.maximum(self.min_off[nb], off + sj)
-        self.total[lj:hj] -= sj
-        self.top[lj:hj] = off + sj
-        self.cuts[lj:hj - 1] -= 1
+        free[j] = False
+        for i in nb:
+            if min_off[i] < top:
+                min_off[i] = top
+        sj = self.size[j]
+        for k in range(lj, hj):
+            total[k] -= sj
+        self.top[lj:hj] = [top] * (hj - lj)
+        cuts = self.cuts
+        for k in range(lj, hj - 1):
+            cuts[k] -= 1
         return nb
 
     def _undo(self, mark: int) -> None:
         """Take back every placement made since the trail had ``mark`` entries."""
+        min_off, total, cuts = self.min_off, self.total, self.cuts
         while len(self.trail) > mark:
             j, nb, old_min, old_top = self.trail.pop()
-            lj, hj = self.lo_l[j], self.hi_l[j]
+            lj, hj, sj = self.lo[j], self.hi[j], self.size[j]
             self.offsets[j] = -1
             self.free[j] = True
-            self.min_off[nb] = old_min
-            self.total[lj:hj] += self.size_l[j]
+            for i, m in zip(nb, old_min, strict=True):
+                min_off[i] = m
+            for k in range(lj, hj):
+                total[k] += sj
             self.top[lj:hj] = old_top
-            self.cuts[lj:hj - 1] += 1
+            for k in range(lj, hj - 1):
+                cuts[k] += 1
 
     def _overloaded(self, off: int, a: int, b: int) -> bool:
         """Whether some section in [a, b) cannot hold what is left to place in it: each
         unplaced buffer goes on top of the placed ones it overlaps (and, in canonical
         order, not below ``off``)."""
-        t = self.t
-        seg = t.members[t.indptr[a]:t.indptr[b]]  # every section holds the buffer ending it
-        lowest = np.minimum.reduceat(np.where(self.free[seg], self.min_off[seg], _BIG),
-                                     t.indptr[a:b] - t.indptr[a])
-        lowest[lowest == _BIG] = 0
-        floor = np.maximum(lowest, self.top[a:b])
-        if self.o.canonical:
-            floor = np.maximum(floor, off)
-        return bool((floor + self.total[a:b] > self.capacity).any())
+        members, free, min_off, top = self.t.members, self.free, self.min_off, self.top
+        base = off if self.o.canonical else 0
+        for k in range(a, b):
+            left = self.total[k]
+            if not left:
+                continue
+            limit = self.capacity - left  # the highest floor that still holds what is left
+            if base > limit or top[k] > limit:
+                return True
+            for i in members[k]:
+                if free[i] and min_off[i] <= limit:
+                    break  # one unplaced buffer can start low enough
+            else:
+                return True
+        return False
 
-    def _search(self, pa: int, pb: int, bufs: np.ndarray, last: tuple[int, int],
+    def _search(self, pa: int, pb: int, bufs: list[int], last: tuple[int, int],
                 spare: int) -> bool:
         """Place the unplaced ``bufs`` of sections [pa, pb); True once all fit (their
         placements stay), False with the state as it was."""
@@ -243,38 +266,39 @@ class _Dfs:
             raise NodeLimit
         if self.nodes % 64 == 0 and self.stop():
             raise Interrupted
-        o, t, size = self.o, self.t, self.t.size
-        todo = bufs[self.free[bufs]]
-        if len(todo) == 0:
+        o, t, size, free, min_off, rank = (self.o, self.t, self.size, self.free,
+                                           self.min_off, self.rank)
+        todo = [i for i in bufs if free[i]]
+        if not todo:
             return True
-        cand_off = self.min_off[todo]
-        lowest_top = int((cand_off + size[todo]).min())
+        lowest_top = min(min_off[i] + size[i] for i in todo)
+        before: list[int] = []
+        after: list[int] = []
         if o.section_load and o.canonical:
-            tp = self.total[pa:pb]
-            before = np.maximum.accumulate(tp)
-            after = np.maximum.accumulate(tp[::-1])[::-1]
+            before = list(itertools.accumulate(self.total[pa:pb], max))
+            after = list(itertools.accumulate(reversed(self.total[pa:pb]), max))[::-1]
         mark = len(self.trail)
         viable = 0
-        for k in np.lexsort((self.rank[todo], cand_off)).tolist():
-            j = int(todo[k])
-            off = int(cand_off[k])
-            if off + self.size_l[j] > self.capacity:
+        capacity = self.capacity
+        todo.sort(key=lambda i: (min_off[i], rank[i]))
+        for j in todo:
+            off = min_off[j]
+            if off + size[j] > capacity:
                 continue
             if o.canonical:
                 if o.dominance and off >= lowest_top:
                     break  # dominated: a lower buffer could go here instead
-                if (off, int(self.rank[j])) < last:
+                if (off, rank[j]) < last:
                     continue  # not canonical
             a, b = t.block[j]
             a, b = max(a, pa), min(b, pb)
-            lj, hj = self.lo_l[j], self.hi_l[j]
+            lj, hj = self.lo[j], self.hi[j]
             if o.section_load:
                 outside = 0
                 if o.canonical:  # everything left goes at or above off
-                    outside = max(int(before[a - 1 - pa]) if a > pa else 0,
-                                  int(after[b - pa]) if b < pb else 0)
-                if off + outside > self.capacity or (
-                        off + int(self.total[lj:hj].max()) > self.capacity):
+                    outside = max(before[a - 1 - pa] if a > pa else 0,
+                                  after[b - pa] if b < pb else 0)
+                if off + outside > capacity or off + max(self.total[lj:hj]) > capacity:
                     continue
             nb = self._place(j, off)
             if o.section_load and self._overloaded(off, a, b):
@@ -289,22 +313,23 @@ class _Dfs:
             if self._descend(pa, pb, bufs, j, off, left):
                 return True
             self._undo(mark)
-            if o.hatless and len(nb) == 0:
+            if o.hatless and not nb:
                 return False  # hatless: nothing could go above j, so no other choice helps
         return False
 
-    def _descend(self, pa: int, pb: int, bufs: np.ndarray, j: int, off: int,
+    def _descend(self, pa: int, pb: int, bufs: list[int], j: int, off: int,
                  spare: int) -> bool:
         """Go on after placing j at ``off``: in independent parts if j's placement left a
         cut that no unplaced buffer crosses, else in the same range."""
-        lj, hj = self.lo_l[j], self.hi_l[j]
-        zero = np.zeros(0, dtype=np.int64)
+        lj, hj = self.lo[j], self.hi[j]
+        zero: list[int] = []
         if self.o.decompose and hj - lj > 1:
-            zero = np.flatnonzero(self.cuts[lj:hj - 1] == 0) + lj + 1
-        if not len(zero):
-            return self._search(pa, pb, bufs, (off, int(self.rank[j])), spare)
+            zero = [k + 1 for k in range(lj, hj - 1) if self.cuts[k] == 0]
+        if not zero:
+            return self._search(pa, pb, bufs, (off, self.rank[j]), spare)
         rank = self.rank.copy()
-        for x, y, part in self.t.split(pa, pb, zero, bufs[self.free[bufs]]):
+        free = self.free
+        for x, y, part in self.t.split(pa, pb, zero, [i for i in bufs if free[i]]):
             self.t.rank(part, self.total, self.heuristic, self.rank)
             if not self._search(x, y, part, (0, -1), spare):
                 self.rank = rank
