@@ -135,6 +135,31 @@ def test_a_value_is_prefetched_back_while_an_op_runs_and_read_with_no_wait():
     assert st.swap_stall == stall and st.swap_ins == 1
 
 
+def test_a_prefetched_value_not_yet_read_goes_back_before_anything_is_evicted():
+    # Budget = leaf + 4. a (cost 1000: a round trip of 200 is cheaper) goes to the host when
+    # r needs room; z (cost 10) is then the stalest value left. Once p, q and r are
+    # released, the next op's start brings a back ahead of need. An op that then needs two
+    # blocks with one free sends the unread a back to the host, with no copy (its host copy
+    # stayed) and no wait, where LRU alone would have dropped z, to be recomputed.
+    eng = Engine(5 * B, "lru", "fungible", executor(overlap=True), swap="both")
+    x0 = eng.put(B)
+    (a,) = eng.apply("a", [x0], [B], cost=1000.0)
+    (z,) = eng.apply("z", [x0], [B], cost=10.0)
+    rest = [eng.apply(name, [x0], [B], cost=1000.0)[0] for name in "pqr"]
+    assert a.storage.swapped and z.storage.resident
+    for t in rest:
+        eng.release(t)
+    eng.apply("s", [x0], [B], cost=1000.0)
+    st = eng.stats
+    assert st.prefetches == 1 and a.storage.resident
+    stall, outs = st.swap_stall, st.swap_outs
+    eng.apply("c", [x0], [B, B], cost=1000.0)
+    assert a.storage.swapped and z.storage.resident and not z.storage.evicted
+    assert st.swap_outs == outs + 1 and st.swap_stall == stall and st.remat_ops == 0
+    eng.get_value(z)
+    assert st.remat_ops == 0
+
+
 def test_a_swapped_output_recomputed_beside_its_dropped_sibling_is_resident_again():
     # One op makes a (1000 B) and b (10 B) at cost 100: sending a to the host and back
     # would cost 2000, so it is dropped; b's round trip costs 20, so it goes to the host.

@@ -77,7 +77,8 @@ class Engine:
     executor whose copies overlap the ops gets values backed up to the host ahead of need,
     oldest first, whenever its link is idle and memory has run short once, and swapped
     values brought back ahead of need, the last to leave first, while the link back is idle
-    and a block is free for them.
+    and a block is free for them; such a guess goes back to the host, with no copy, before
+    anything is evicted to make room.
     """
 
     def __init__(self, budget: float, policy: Policy | str = "dtr-eq",
@@ -602,6 +603,9 @@ class Engine:
         if alloc.capacity:
             st.fragmentation.append(alloc.free_bytes / alloc.capacity)
         self._hold_out_locked()
+        if self._arriving and self._withdraw_guesses(s):
+            st.search_ns.append(0)
+            return
         relocate = self.policy.relocates  # (again after each eviction, not in a row)
         while True:
             t0 = perf_counter_ns()
@@ -741,6 +745,19 @@ class Engine:
             self._back(s)
             self._arriving[s] = ready
             self.stats.prefetches += 1
+
+    def _withdraw_guesses(self, s: Storage) -> bool:
+        """Send prefetched values no op has read yet back to the host, the one needed last
+        first, until ``s`` fits; whether it does. A guess gives way before anything is
+        evicted: its host copy stays, so it leaves without a copy, where a victim the
+        policy picks may have to be recomputed."""
+        for g in reversed(list(self._arriving)):
+            if g.resident and g.locks == 0:
+                self._swap_out(g)
+                self.stats.evictions += 1
+                if self.allocator.allocate(s):
+                    return True
+        return False
 
     def _await(self, inputs: Sequence[Tensor]) -> None:
         """Wait for the inputs still on their way back from host memory."""
