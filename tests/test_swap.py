@@ -79,6 +79,21 @@ def test_both_swaps_only_what_costs_more_to_recompute_than_to_copy():
         assert (st.swap_outs > 0) is swapped and (st.remat_ops > 0) is not swapped
 
 
+def test_both_counts_the_evicted_ancestors_a_recomputation_needs():
+    # Ops cost 150, a round trip 200. x1's parent is resident: recomputing it costs 150, so
+    # it is dropped. x2's parent x1 is then evicted: rebuilding x2 costs 300, so it is
+    # copied. x3's parent x2 is on the host: rebuilding it costs its op and x2's copy back
+    # (250), so it is copied too.
+    eng = Engine(10 * B, "lru", "fungible", executor(overlap=False), swap="both")
+    xs = chain(eng, 3, cost=150.0)
+    for x in xs[1:]:
+        eng.evict(x)
+    assert [(x.storage.evicted, x.storage.swapped) for x in xs[1:]] == [
+        (True, False), (False, True), (False, True)]
+    eng.get_value(xs[3])  # one copy back, nothing recomputed
+    assert (eng.stats.swap_ins, eng.stats.remat_ops) == (1, 0)
+
+
 def test_overlapped_copies_wait_only_for_what_is_unfinished():
     # With copy streams: x3's allocation (clock 2001) sends x1 to the host with no backup
     # yet, a wait of its whole copy (100). As op3 starts (2101) the idle link backs up the
