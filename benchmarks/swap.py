@@ -3,8 +3,9 @@
 Each model's training step (captured under FakeTensorMode, cached on disk) is priced on an A100
 80 GB, whose host link is PCIe 4.0 x16, and on an H100 (PCIe 5.0 x16). The simulator replays
 it with the default policy at budget ratios 0.7…0.1 three ways: recomputation only (swap off),
-host copies only, and both (each victim goes wherever it is cheaper to bring back). Host
-copies run on copy streams that overlap the ops; the overhead counts the ops' waits for them.
+host copies only, and both (a victim goes to the host where its copies cost less than
+rebuilding it). Host copies run on copy streams that overlap the ops; the overhead counts the
+ops' waits for them.
 Runs past 2× the unconstrained cost count as not completing. The DTR paper's logs (a TITAN V
 on PCIe 3.0) follow for comparison. Writes docs/results/swap.md, swap-*.png and swap.json.
 Run: python benchmarks/swap.py [--quick] [--workers N]
@@ -142,15 +143,18 @@ def main() -> None:
         f"{wall:.0f} s.\n\n"
         "The default policy (dtr-compact) on Coop's zoo at its paper batch sizes, each step "
         "priced on the device named. **off**: victims are dropped and recomputed. **only**: "
-        "they are copied to host memory and back, never recomputed. **both**: each goes "
-        "where bringing it back costs less, its own recomputation or the copies (the wait for "
-        "its copy out, behind the copies queued ahead of it and none once a backup has "
-        "finished, and the copy in). Copies run on two copy streams (one each way) "
+        "they are copied to host memory and back, never recomputed. **both**: each goes to "
+        "the host where its copies (the wait for its copy out, behind the copies queued "
+        "ahead of it and none once a backup has finished, and the copy in) cost less than "
+        "rebuilding it (its op, the evicted ancestors it needs made again and the swapped "
+        "ones copied back), else it is dropped. Copies run on two copy streams (one each way) "
         "beside the ops: once memory first runs short, the idle link backs up the oldest "
         "values ahead of need, so a victim with a finished copy leaves without a wait, and "
         "while the link back is idle the value that left last is brought back ahead of "
         "need if a block is free for it with as much again to spare (no eviction is made "
-        "for a guess); an op waits only for a copy it needs that has not finished. The "
+        "for a guess, and until an op reads it, it goes back to the host, with no copy, "
+        "before anything is evicted to make room); an op waits only for a copy it needs "
+        "that has not finished. The "
         "overhead is (ops + recomputations + moves + waits for copies) / the unconstrained "
         "cost − 1; runs "
         "past 2× count as thrashed. Lowest: the lowest ratio of "
