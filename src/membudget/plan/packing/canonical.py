@@ -71,43 +71,41 @@ class CanonicalSearch:
     def __init__(self, inst: Instance, options: Options = DEFAULT_OPTIONS) -> None:
         self.options = options
         self.n = n = len(inst)
-        self.size = inst.size
-        self.width: list[int] = inst.width.tolist()
-        lo, hi = inst.lo, inst.hi
+        size = inst.size
         # Sections: the slots between consecutive events that end with some buffer's end
         # (the others are subsets of the next slot).
-        t = int(hi.max()) + 1 if n else 1
+        t = int(inst.hi.max()) + 1 if n else 1
         ends = np.zeros(t + 1, dtype=bool)
-        ends[hi] = True
+        ends[inst.hi] = True
         remap = np.concatenate(([0], np.cumsum(ends[1:t])))
-        self.lo, self.hi = remap[lo], remap[hi]
+        lo, hi = remap[inst.lo], remap[inst.hi]
         self.sections = s = int(remap[-1])
-        spans = self.hi - self.lo
-        member_sec = np.repeat(self.lo, spans) + (
+        spans = hi - lo
+        member_sec = np.repeat(lo, spans) + (
             np.arange(int(spans.sum())) - np.repeat(np.cumsum(spans) - spans, spans))
         member_buf = np.repeat(np.arange(n), spans)
         k = np.lexsort((member_buf, member_sec))
         indptr = np.searchsorted(member_sec[k], np.arange(s + 1))
+        total = np.zeros(s, dtype=np.int64)
+        np.add.at(total, member_sec, size[member_buf])
+        cuts = np.zeros(s + 1, dtype=np.int64)  # cuts[k]: buffers live in both k and k+1
+        np.add.at(cuts, lo, 1)
+        np.add.at(cuts, hi - 1, -1)
+        ids = np.arange(n)
+        neighbours = [np.flatnonzero((lo < hi[i]) & (lo[i] < hi) & (ids != i)) for i in ids]
+        # The search reads plain lists (see _Dfs); the arrays above only build them.
+        self.lo: list[int] = lo.tolist()
+        self.hi: list[int] = hi.tolist()
+        self.size: list[int] = size.tolist()
+        self.width: list[int] = inst.width.tolist()
         self.members: list[list[int]] = (  # the buffers live in each section
             [m.tolist() for m in np.split(member_buf[k], indptr[1:-1])] if s else [])
-        self.total0 = np.zeros(s, dtype=np.int64)
-        np.add.at(self.total0, member_sec, self.size[member_buf])
-        self.neighbours: list[list[int]] = []
-        self.block: list[tuple[int, int]] = []  # sections touched by i or a neighbour
-        for i in range(n):
-            nb = np.flatnonzero((self.lo < self.hi[i]) & (self.lo[i] < self.hi))
-            nb = nb[nb != i]
-            self.neighbours.append(nb.tolist())
-            self.block.append((int(min(self.lo[i], self.lo[nb].min(initial=s))),
-                               int(max(self.hi[i], self.hi[nb].max(initial=0)))))
-        cuts = np.zeros(s + 1, dtype=np.int64)  # cuts[k]: buffers live in both k and k+1
-        np.add.at(cuts, self.lo, 1)
-        np.add.at(cuts, self.hi - 1, -1)
-        self.cuts0 = np.cumsum(cuts)[: max(s - 1, 0)]
-        # the search reads plain lists (see _Dfs)
-        self.lo_l: list[int] = self.lo.tolist()
-        self.hi_l: list[int] = self.hi.tolist()
-        self.size_l: list[int] = self.size.tolist()
+        self.total0: list[int] = total.tolist()  # sizes live in each section
+        self.cuts0: list[int] = np.cumsum(cuts)[: max(s - 1, 0)].tolist()
+        self.neighbours: list[list[int]] = [nb.tolist() for nb in neighbours]
+        self.block: list[tuple[int, int]] = [  # sections touched by i or a neighbour
+            (int(min(lo[i], lo[nb].min(initial=s))), int(max(hi[i], hi[nb].max(initial=0))))
+            for i, nb in enumerate(neighbours)]
 
     def restarts(self, capacity: int, stop: Stop) -> np.ndarray | None:
         """Offsets (units) of a packing within ``capacity``, or None if none exists.
@@ -115,7 +113,7 @@ class CanonicalSearch:
         MiniMalloc's round robin: each static rank in turn, with a node limit doubling
         every round. Raises Interrupted once ``stop()`` turns true (polled every 64 nodes).
         """
-        if int(self.total0.max(initial=0)) > capacity:
+        if max(self.total0, default=0) > capacity:
             return None
         limit = self.n
         while True:
@@ -131,7 +129,7 @@ class CanonicalSearch:
         a node's k-th viable child costs k, and the budget grows 0, 1, 2, ... until a
         packing turns up or a run cuts nothing (which proves there is none). It finds
         packings whose few wrong turns are near the root, where plain DFS thrashes."""
-        if int(self.total0.max(initial=0)) > capacity:
+        if max(self.total0, default=0) > capacity:
             return None
         budget = 0
         while True:
@@ -143,7 +141,7 @@ class CanonicalSearch:
     def rank(self, bufs: list[int], total: list[int], heuristic: str,
              rank: list[int]) -> None:
         """Rank ``bufs`` in place in ``rank`` by the heuristic (descending keys, then id)."""
-        lo, hi, width, size = self.lo_l, self.hi_l, self.width, self.size_l
+        lo, hi, width, size = self.lo, self.hi, self.width, self.size
         keys = {"W": lambda i: width[i], "A": lambda i: width[i] * size[i],
                 "T": lambda i: max(total[lo[i]:hi[i]])}
         order = sorted(bufs, key=lambda i: (*(-keys[c](i) for c in heuristic), i))
@@ -154,7 +152,7 @@ class CanonicalSearch:
               bufs: list[int]) -> Iterator[tuple[int, int, list[int]]]:
         """The non-empty independent parts (section range, buffers) of [pa, pb) cut at
         ``cuts_at``."""
-        lo, hi = self.lo_l, self.hi_l
+        lo, hi = self.lo, self.hi
         for x, y in itertools.pairwise([pa, *cuts_at, pb]):
             part = [i for i in bufs if lo[i] >= x and hi[i] <= y]
             if part:
@@ -181,14 +179,14 @@ class _Dfs:
         self.offsets = [-1] * n
         self.min_off = [0] * n
         self.free = [True] * n
-        self.total: list[int] = tables.total0.tolist()
+        self.total = tables.total0.copy()
         self.top = [0] * tables.sections
-        self.cuts: list[int] = tables.cuts0.tolist()
+        self.cuts = tables.cuts0.copy()
         self.rank = [0] * n
         self.trail: list[tuple[int, list[int], list[int], list[int]]] = []
         self.nodes = 0
         self.cut = False
-        self.lo, self.hi, self.size = tables.lo_l, tables.hi_l, tables.size_l
+        self.lo, self.hi, self.size = tables.lo, tables.hi, tables.size
 
     def run(self) -> tuple[np.ndarray | None, bool]:
         """Offsets of a packing (or None) and whether the discrepancy budget cut a branch."""
