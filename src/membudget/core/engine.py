@@ -18,6 +18,7 @@ from membudget.core.allocators import Allocator, Block, layout_names, make_alloc
 from membudget.core.allocators.fungible import LiftedAllocator
 from membudget.core.executor import Executor, SimulatedExecutor
 from membudget.core.policies import Policy, make_policy
+from membudget.core.policies.cost import evicted_region_cost
 from membudget.core.pool import CandidatePool
 from membudget.core.records import NOTHING_REUSED, ComputePath, Storage, Tensor
 from membudget.core.stats import Stats
@@ -705,21 +706,8 @@ class Engine:
     def _rebuild_cost(self, s: Storage) -> float:
         """What recomputing ``s`` would cost now: its own op, the evicted ancestors it
         needs made again first, and the copies back of the swapped values among their
-        inputs (as DTR's e* counts the evicted neighbourhood)."""
-        total = s.cost
-        seen: set[Storage] = set()
-        stack = list(s.parents)
-        while stack:
-            n = stack.pop()
-            if n in seen:
-                continue
-            seen.add(n)
-            if n.evicted:
-                total += n.cost
-                stack.extend(n.parents)
-            elif n.swapped:
-                total += self.executor.transfer(n)
-        return total
+        inputs (the parent side of DTR's e*, swapped inputs included)."""
+        return s.cost + evicted_region_cost(s, False, self.executor.transfer)
 
     def _let_go(self, s: Storage) -> None:
         """Evict the victim ``s``: to host memory where its copies cost less than rebuilding

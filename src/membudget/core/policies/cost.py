@@ -13,6 +13,7 @@ rematerialization or a free), which starts a new epoch and resets the cache.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
@@ -107,19 +108,27 @@ class CostPolicy(Policy):
         self.epoch += 1
 
 
-def evicted_region_cost(s: Storage, forward: bool) -> float:
+def evicted_region_cost(s: Storage, forward: bool,
+                        swapped: Callable[[Storage], float] | None = None) -> float:
     """Summed cost of the evicted storages reachable from ``s`` through evicted storages only,
-    along child edges (``forward``) or parent edges: the cost of one side of e*(S)."""
+    along child edges (``forward``) or parent edges: the cost of one side of e*(S). With
+    ``swapped``, each swapped storage at the region's edge adds ``swapped(n)`` (on the parent
+    side, what recomputing through the region pays to copy it back)."""
     total = 0.0
     seen: set[Storage] = set()
-    stack = [n for n in (s.children if forward else s.parents) if n.evicted]
+    with_swapped = swapped is not None
+    stack = [n for n in (s.children if forward else s.parents)
+             if n.evicted or (with_swapped and n.swapped)]
     while stack:
         n = stack.pop()
         if n in seen:
             continue
         seen.add(n)
+        if not n.evicted:
+            total += swapped(n) if swapped is not None else 0.0
+            continue
         total += n.cost
         for m in (n.children if forward else n.parents):
-            if m.evicted and m not in seen:
+            if (m.evicted or (with_swapped and m.swapped)) and m not in seen:
                 stack.append(m)
     return total
