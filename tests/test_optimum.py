@@ -134,6 +134,60 @@ def test_bounds_and_schedules_bracket_the_brute_force_optimum(seed):
             assert check.peak_bytes <= budget
 
 
+def step_with_temporaries(seed: int, layers: int = 3) -> Trace:
+    """Each forward layer makes a temporary the program releases at once (as a pointwise
+    op's input nobody saves) and the activation backward reads: making an activation again
+    means making its temporary again too."""
+    rng = random.Random(seed)
+    ev: list = [(PUT, None, 1, 64, "input"), (PHASE, None, "forward")]
+    acts, tid = [1], 1
+    for i in range(layers):
+        ev.append(call(f"t{i}", [acts[-1]], [tid + 1], [rng.choice([64, 128])],
+                       rng.choice([2, 5, 10])))
+        ev.append(call(f"f{i}", [tid + 1], [tid + 2], [rng.choice([64, 128, 192])],
+                       rng.choice([1, 2])))
+        ev.append((RELEASE, None, tid + 1))
+        tid += 2
+        acts.append(tid)
+    ev.append((PHASE, None, "backward"))
+    tid += 1
+    ev.append(call("loss_grad", [acts[-1]], [tid], [64], 1))
+    grad = tid
+    ev.append((RELEASE, None, acts[-1]))
+    for i in range(layers - 1, -1, -1):
+        tid += 1
+        ev.append(call(f"b{i}", [grad, acts[i]], [tid], [64], 1))
+        ev.append((RELEASE, None, grad))
+        if i > 0:
+            ev.append((RELEASE, None, acts[i]))
+        grad = tid
+    return Trace({"model": f"temps{seed}"}, ev)
+
+
+def test_dropping_a_value_counts_its_released_inputs(monkeypatch):
+    """The relaxation charges a dropped value the calls of its inputs the program has
+    released (they must run again first): still a bound on every schedule, and higher
+    than charging the value's own call alone."""
+    import membudget.plan.remat_bound as remat_bound
+
+    raised = 0
+    for seed in range(8):
+        tr = step_with_temporaries(seed)
+        p = remat_problem(tr)
+        floor = int(p.required_bytes().max())
+        peak = int(p.live_bytes().max())
+        for budget in sorted({floor, (floor + peak) // 2, peak - 64}):
+            best = brute_force(p, budget)
+            relax = lower_bound(p, budget, time_limit=5)
+            assert relax.exact and relax.cost <= best + 1e-6, (seed, budget, relax.cost, best)
+            with monkeypatch.context() as m:
+                m.setattr(remat_bound, "MAX_ANCESTORS", 0)
+                alone = lower_bound(p, budget, time_limit=5)
+            assert alone.cost <= relax.cost + 1e-9
+            raised += relax.cost > alone.cost + 1e-9
+    assert raised >= 4
+
+
 def test_on_a_chain_the_optimum_is_proven():
     proven = 0
     for seed in range(12):

@@ -7,8 +7,13 @@ its next need); keeping it resident costs its bytes at every stage inside the ga
 ``k`` whose bytes with nothing dropped exceed the budget needs dropped bytes covering the
 excess. Every real schedule induces such a choice that costs it no more than the schedule
 pays and satisfies every stage, so the integer program's optimum, and any dual bound on it,
-is a lower bound. What it leaves out (recomputing a value needs its inputs resident, and
-a dropped input made again) is what makes a real schedule cost more.
+is a lower bound. Recomputing a value needs its call's inputs, and an input the program
+has released is gone, so dropping the value also runs that input's call again (and so on
+up its released ancestors): one 0/1 column per such call, at its whole cost, which every
+dropping that needs it switches on (``y <= w``); such a run is never one that a dropping of
+the call's own outputs is charged for (see :func:`_released_ancestors`). What it still
+leaves out (inputs the program holds but a schedule dropped, and the memory a
+recomputation holds for a moment) is what makes a real schedule cost more.
 
 Solved with HiGHS. Stages whose covering values are the same are merged into one row (the
 largest excess), so the program has one row per change in the set of gaps, not per call.
@@ -26,6 +31,7 @@ from membudget.plan.mip_backends import lp_then_mip
 from membudget.plan.remat_problem import RematProblem, Value
 
 MIB = float(1 << 20)  # rows in MiB keep the coefficients near 1
+MAX_ANCESTORS = 64  # calls linked to one column: keeps the program near linear in size
 
 
 @dataclass
@@ -100,39 +106,85 @@ def lower_bound(problem: RematProblem, budget: int, time_limit: float = 10.0,
     need = np.flatnonzero(seg_excess > 0)
     row_of_seg[need] = np.arange(len(need))
     # keep the columns that cover a row with an excess; each covers a run of segments
-    starts, index, values, costs, used = [], [], [], [], []
+    entries: list[tuple[list[int], list[float]]] = []  # per LP column: its rows, coefficients
+    costs, used = [], []
     for c, (v, _, _, lo, hi) in enumerate(cols):
         rows = row_of_seg[seg_of[lo]:seg_of[hi] + 1]
         rows = rows[rows >= 0]
         if len(rows) == 0:
             continue
-        starts.append(len(index))
-        index.extend(rows.tolist())
-        values.extend([v.nbytes / MIB] * len(rows))
+        entries.append((rows.tolist(), [v.nbytes / MIB] * len(rows)))
         costs.append(v.weight)
         used.append(c)
-    starts.append(len(index))
+    # the released ancestors a drop must make again: a column per call, y_j <= w_c
+    n_rows = len(need)
+    linked: dict[int, list[int]] = {}
+    for j, closure in enumerate(_released_ancestors(problem, [cols[c] for c in used])):
+        for call in closure:
+            entries[j][0].append(n_rows)
+            entries[j][1].append(-1.0)
+            linked.setdefault(call, []).append(n_rows)
+            n_rows += 1
+    for call, rows_of in linked.items():
+        entries.append((rows_of, [1.0] * len(rows_of)))
+        costs.append(float(problem.cost[call]))
+    starts = np.cumsum([0] + [len(r) for r, _ in entries])
     lp = highspy.HighsLp()
-    lp.num_col_ = len(used)
-    lp.num_row_ = len(need)
+    lp.num_col_ = len(entries)
+    lp.num_row_ = n_rows
     lp.col_cost_ = np.array(costs, dtype=float)
-    lp.col_lower_ = np.zeros(len(used))
-    lp.col_upper_ = np.ones(len(used))
-    lp.row_lower_ = seg_excess[need] / MIB
-    lp.row_upper_ = np.full(len(need), highspy.kHighsInf)
+    lp.col_lower_ = np.zeros(len(entries))
+    lp.col_upper_ = np.ones(len(entries))
+    lp.row_lower_ = np.concatenate((seg_excess[need] / MIB, np.zeros(n_rows - len(need))))
+    lp.row_upper_ = np.full(n_rows, highspy.kHighsInf)
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
-    lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
-    lp.a_matrix_.value_ = np.array(values, dtype=float)
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * len(used)
+    lp.a_matrix_.start_ = starts.astype(np.int32)
+    lp.a_matrix_.index_ = np.array([i for r, _ in entries for i in r], dtype=np.int32)
+    lp.a_matrix_.value_ = np.array([x for _, xs in entries for x in xs], dtype=float)
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * len(entries)
     h, bound = lp_then_mip(lp, time_limit - (time.perf_counter() - t0), threads)
     info = h.getInfo()
     status = h.getModelStatus()
     drops: list[Drop] = []
     if info.primal_solution_status == highspy.kSolutionStatusFeasible:
         x = h.getSolution().col_value
-        drops = [Drop(cols[c][0], cols[c][1], cols[c][2]) for c, xv in zip(used, x, strict=True)
+        drops = [Drop(cols[c][0], cols[c][1], cols[c][2]) for c, xv in zip(used, x, strict=False)
                  if xv > 0.5]
     exact = status == highspy.HighsModelStatus.kOptimal
-    return BoundResult(max(0.0, bound), exact, drops, min_budget, True, len(need), len(used),
+    return BoundResult(max(0.0, bound), exact, drops, min_budget, True, n_rows, len(entries),
                        time.perf_counter() - t0)
+
+
+def _released_ancestors(problem: RematProblem,
+                        cols: list[tuple[Value, float, float, int, int]]) -> list[list[int]]:
+    """For each column (value ``v`` dropped in the gap ``(a, b)``), calls that any schedule
+    dropping it must also run again, each at a time no dropping column of that call's own
+    outputs can use: ``v``'s call reads input ``u`` at the recomputation (after ``a``), and
+    ``u`` is gone if the program released it by then (released values are evicted at once).
+    So ``u``'s call runs after ``u``'s release; when that is after every need of its call's
+    outputs, the run is not one any of their columns is charged for. The same holds, from
+    that run on, for the inputs of ``u``'s call released by ``u``'s release. At most
+    :data:`MAX_ANCESTORS` calls per column (any subset keeps the bound valid)."""
+    values = problem.values
+    reads: list[list[Value]] = [[] for _ in range(problem.n)]
+    last_need = [-math.inf] * problem.n  # the latest need of any output of each call
+    for v in values:
+        last_need[v.call] = max(last_need[v.call], v.last_need)
+        for t in v.needs:
+            if t == int(t) and t < problem.n and t != v.call:
+                reads[int(t)].append(v)
+
+    def gone_by(u: Value, when: float) -> bool:
+        return u.released <= when and u.released > last_need[u.call]
+
+    links = []
+    for v, a, _, _, _ in cols:
+        calls: set[int] = set()
+        todo = [u for u in reads[v.call] if gone_by(u, a)]
+        while todo and len(calls) < MAX_ANCESTORS:
+            u = todo.pop()
+            if u.call not in calls:
+                calls.add(u.call)
+                todo.extend(x for x in reads[u.call] if gone_by(x, u.released))
+        links.append(sorted(calls))
+    return links
