@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -45,19 +46,25 @@ def tiny_step(seed: int, layers: int = 4) -> Trace:
         ev.append(call(f"f{i}", ins, [tid], [rng.choice([64, 128, 192, 256])],
                        rng.choice([1, 2, 5, 10])))
         acts.append(tid)
+    backward(ev, acts, tid, lambda: rng.choice([1, 2, 5]))
+    return Trace({"model": f"tiny{seed}"}, ev)
+
+
+def backward(ev: list, acts: list[int], tid: int, cost: Callable[[], float]) -> None:
+    """The backward of a forward chain whose activations are ``acts``: each op reads the
+    gradient so far and one activation (held until then), ids from ``tid + 1`` on."""
     ev.append((PHASE, None, "backward"))
     tid += 1
     ev.append(call("loss_grad", [acts[-1]], [tid], [64], 1))
     grad = tid
     ev.append((RELEASE, None, acts[-1]))
-    for i in range(layers - 1, -1, -1):
+    for i in range(len(acts) - 2, -1, -1):
         tid += 1
-        ev.append(call(f"b{i}", [grad, acts[i]], [tid], [64], rng.choice([1, 2, 5])))
+        ev.append(call(f"b{i}", [grad, acts[i]], [tid], [64], cost()))
         ev.append((RELEASE, None, grad))
         if i > 0:
             ev.append((RELEASE, None, acts[i]))
         grad = tid
-    return Trace({"model": f"tiny{seed}"}, ev)
 
 
 def brute_force(p: RematProblem, budget: int) -> float:
@@ -149,18 +156,7 @@ def step_with_temporaries(seed: int, layers: int = 3) -> Trace:
         ev.append((RELEASE, None, tid + 1))
         tid += 2
         acts.append(tid)
-    ev.append((PHASE, None, "backward"))
-    tid += 1
-    ev.append(call("loss_grad", [acts[-1]], [tid], [64], 1))
-    grad = tid
-    ev.append((RELEASE, None, acts[-1]))
-    for i in range(layers - 1, -1, -1):
-        tid += 1
-        ev.append(call(f"b{i}", [grad, acts[i]], [tid], [64], 1))
-        ev.append((RELEASE, None, grad))
-        if i > 0:
-            ev.append((RELEASE, None, acts[i]))
-        grad = tid
+    backward(ev, acts, tid, lambda: 1)
     return Trace({"model": f"temps{seed}"}, ev)
 
 
