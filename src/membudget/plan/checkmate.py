@@ -114,12 +114,9 @@ def solve(problem: RematProblem, budget: int, time_limit: float = 60.0,
     horizon, value_end = _horizons(problem)
     values = problem.values
     outputs: list[list[int]] = [[] for _ in range(n)]
-    inputs: list[list[int]] = [[] for _ in range(n)]  # value indices each call reads
     for k, v in enumerate(values):
         outputs[v.call].append(k)
-        for t in v.needs:
-            if t == int(t) and t < n and int(t) != v.call:
-                inputs[int(t)].append(k)
+    inputs = problem.reads()  # value indices each call reads
     cost: list[float] = []
     r_var: dict[tuple[int, int], int] = {}
     for i in range(n):

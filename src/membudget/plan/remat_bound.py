@@ -148,8 +148,8 @@ def lower_bound(problem: RematProblem, budget: int, time_limit: float = 10.0,
     drops: list[Drop] = []
     if info.primal_solution_status == highspy.kSolutionStatusFeasible:
         x = h.getSolution().col_value
-        drops = [Drop(cols[c][0], cols[c][1], cols[c][2]) for c, xv in zip(used, x, strict=False)
-                 if xv > 0.5]
+        drops = [Drop(cols[c][0], cols[c][1], cols[c][2])  # (the drop columns come first)
+                 for c, xv in zip(used, x[:len(used)], strict=True) if xv > 0.5]
     exact = status == highspy.HighsModelStatus.kOptimal
     return BoundResult(max(0.0, bound), exact, drops, min_budget, True, n_rows, len(entries),
                        time.perf_counter() - t0)
@@ -166,13 +166,10 @@ def _released_ancestors(problem: RematProblem,
     that run on, for the inputs of ``u``'s call released by ``u``'s release. At most
     :data:`MAX_ANCESTORS` calls per column (any subset keeps the bound valid)."""
     values = problem.values
-    reads: list[list[Value]] = [[] for _ in range(problem.n)]
+    reads = [[values[k] for k in ks] for ks in problem.reads()]
     last_need = [-math.inf] * problem.n  # the latest need of any output of each call
     for v in values:
         last_need[v.call] = max(last_need[v.call], v.last_need)
-        for t in v.needs:
-            if t == int(t) and t < problem.n and t != v.call:
-                reads[int(t)].append(v)
 
     def gone_by(u: Value, when: float) -> bool:
         return u.released <= when and u.released > last_need[u.call]

@@ -82,6 +82,15 @@ class RematProblem:
             diff[end + 1] -= v.nbytes
         return self.fixed + np.cumsum(diff[:-1])
 
+    def reads(self) -> list[list[int]]:
+        """The values (indices into ``values``) each call reads, from their needs."""
+        reads: list[list[int]] = [[] for _ in range(self.n)]
+        for k, v in enumerate(self.values):
+            for t in v.needs:
+                if t == int(t) and t < self.n and t != v.call:
+                    reads[int(t)].append(k)
+        return reads
+
     def required_bytes(self) -> np.ndarray:
         """Bytes stage ``k`` cannot do without: fixed memory, its outputs and every value it
         reads (int64[n]). No budget below the largest of them lets the step run."""
