@@ -150,7 +150,7 @@ def main() -> None:
         "ones copied back), else it is dropped. Copies run on two copy streams (one each way) "
         "beside the ops: once memory first runs short, the idle link backs up the oldest "
         "values ahead of need, so a victim with a finished copy leaves without a wait, and "
-        "while the link back is idle the value that left last is brought back ahead of "
+        "while the link back is idle the swapped value made last is brought back ahead of "
         "need if a block is free for it with as much again to spare (no eviction is made "
         "for a guess, and until an op reads it, it goes back to the host, with no copy, "
         "before anything is evicted to make room); an op waits only for a copy it needs "

@@ -135,8 +135,8 @@ def test_a_copy_out_is_priced_with_the_copies_queued_ahead_of_it():
 def test_a_value_is_prefetched_back_while_an_op_runs_and_read_with_no_wait():
     # Budget = leaf + 3 activations: x1 and x2 are on the host after the chain. Releasing
     # x3..x5 frees their blocks; as the next op (cost 1000) starts, the idle link back
-    # brings the value that left last, x2 (it fits with as much again to spare), which is
-    # in before the op ends: reading it then waits for nothing.
+    # brings the value made last, x2 (it fits with as much again to spare), which is in
+    # before the op ends: reading it then waits for nothing.
     eng = Engine(4 * B, "lru", "fungible", executor(overlap=True), swap="only")
     xs = chain(eng, 5, cost=1000.0)
     assert xs[1].storage.swapped and xs[2].storage.swapped
@@ -148,6 +148,26 @@ def test_a_value_is_prefetched_back_while_an_op_runs_and_read_with_no_wait():
     stall = st.swap_stall
     eng.get_value(xs[2])
     assert st.swap_stall == stall and st.swap_ins == 1
+
+
+def test_the_value_made_last_comes_back_first_whatever_order_they_left_in():
+    # Budget = leaf + 3 blocks. op4 reads x1 again, so LRU sends x2 to the host first (for
+    # x4), then x1 (for the two blocks of x5). A backward reads values in the reverse order
+    # they were made, so with room for one guess the link brings back x2, though x1 left
+    # last.
+    eng = Engine(4 * B, "lru", "fungible", executor(overlap=True), swap="only")
+    x0, x1, x2 = chain(eng, 2, cost=1000.0)
+    (x3,) = eng.apply("op3", [x2], [B], cost=1000.0)
+    (x4,) = eng.apply("op4", [x1], [B], cost=1000.0)
+    assert x2.storage.swapped and x1.storage.resident
+    eng.release(x3)
+    (x5,) = eng.apply("op5", [x4], [2 * B], cost=1000.0)
+    assert eng.stats.swap_outs == 2 and x1.storage.swapped
+    eng.release(x4)
+    eng.release(x5)
+    eng.apply("op", [x0], [B], cost=1000.0)
+    assert eng.stats.prefetches == 1
+    assert x2.storage.resident and x1.storage.swapped
 
 
 def test_a_prefetched_value_not_yet_read_goes_back_before_anything_is_evicted():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from heapq import heappop, heappush
 from time import perf_counter, perf_counter_ns
 
 from membudget.core.allocators import Allocator, Block, layout_names, make_allocator
@@ -78,7 +79,7 @@ class Engine:
     priced, and run, by the executor; the ops' waits for them count in the overhead. An
     executor whose copies overlap the ops gets values backed up to the host ahead of need,
     oldest first, whenever its link is idle and memory has run short once, and swapped
-    values brought back ahead of need, the last to leave first, while the link back is idle
+    values brought back ahead of need, the one made last first, while the link back is idle
     and a block is free for them; such a guess goes back to the host, with no copy, before
     anything is evicted to make room.
     """
@@ -111,7 +112,9 @@ class Engine:
         self._held: dict[Storage, list[Tensor]] = {}
         # storages to back up to the host, oldest first (with an overlapping executor)
         self._backlog: deque[Storage] | None = None
-        self._gone: list[Storage] = []  # swapped storages, in the order they left
+        # swapped storages, a heap with the one made last on top: (-id, departure, storage)
+        self._gone: list[tuple[int, int, Storage]] = []
+        self._departures = 0
         self._arriving: dict[Storage, float] = {}  # prefetched storages -> when they are in
         if swap != "off":
             try:
@@ -735,18 +738,21 @@ class Engine:
         st.swap_outs += 1
         if self._backlog is not None:
             self._arriving.pop(s, None)
-            self._gone.append(s)
+            self._departures += 1
+            heappush(self._gone, (-s.id, self._departures, s))
         self._wait(stall)
 
     def _prefetch(self) -> None:
-        """While the link back is idle, bring back the storage that left last (a step's
-        backward reads its values in about the reverse order of its forward) if a block
-        is free for it with as much again to spare: no eviction is made for a guess."""
+        """While the link back is idle, bring back the swapped storage made last if a block
+        is free for it with as much again to spare: no eviction is made for a guess. A
+        step's backward reads its values in about the reverse order its forward made them,
+        whatever order the policy sent them away in (the DTR logs: treelstm at 0.1 of its
+        peak costs 1.8 % with both, against 14.2 % bringing back the one that left last)."""
         gone, ex, alloc = self._gone, self.executor, self.allocator
         while gone:
-            s = gone[-1]
+            s = gone[0][2]
             if not s.swapped:
-                gone.pop()
+                heappop(gone)
                 continue
             if alloc.free_bytes < 2 * s.nbytes or not alloc.allocate(s):
                 return
@@ -754,7 +760,7 @@ class Engine:
             if ready == math.inf:
                 alloc.free(s)
                 return
-            gone.pop()
+            heappop(gone)
             self._back(s)
             self._arriving[s] = ready
             self.stats.prefetches += 1
