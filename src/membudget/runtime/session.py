@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import (
 )
 
 from membudget.core.engine import Engine
-from membudget.core.policies import resolve_policy
+from membudget.core.policies import make_policy, resolve_policy
 from membudget.core.records import Tensor
 from membudget.errors import BudgetTooSmallError, MembudgetError, OutOfBudget
 from membudget.outputs import check_output
@@ -92,6 +92,11 @@ class Session(TorchDispatchMode, ContextDecorator):
         self.mode = check_mode(mode)
         # policy, allocator, in-place and swap modes refused here, before it is entered
         check_config(policy, allocator, inplace, swap=swap)
+        if make_policy(policy).needs_future:
+            raise MembudgetError(f"policy {policy!r} needs to know when each value will be "
+                                 "read next, which only a replay of a recorded step knows: "
+                                 "use it in `membudget simulate`; mode='planned' already "
+                                 "compares its schedule with the others'")
         if swap != "off" and mode == "planned":
             raise NotImplementedError("planned sessions follow plans of drops only: use "
                                       "mode='dynamic' with swap, or swap='off'")

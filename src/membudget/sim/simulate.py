@@ -12,6 +12,7 @@ from membudget.core.allocators import layout_names, make_allocator
 from membudget.core.engine import INPLACE_MODES, Engine, check_swap
 from membudget.core.executor import SimulatedExecutor
 from membudget.core.policies import make_policy, resolve_policy
+from membudget.core.policies.future import DTRFuture
 from membudget.errors import MembudgetError, OutOfBudget, OutOfTime, Thrashed
 from membudget.sim.evictions import (
     DecisionRecorder,
@@ -21,6 +22,7 @@ from membudget.sim.evictions import (
     plan_first,
     recording_policy,
 )
+from membudget.sim.future import FutureReads
 from membudget.sim.replay import CallHooks, replay
 from membudget.trace.format import Trace
 
@@ -182,6 +184,7 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
     assert budget is not None
     limit = math.inf if overhead_limit is None else base.cost * (overhead_limit - 1)
     pol = make_policy(policy, seed=seed, **(policy_options or {}))
+    oracle = pol if isinstance(pol, DTRFuture) else None
     if plan is not None:
         pol = plan_first(pol)
     recorder = DecisionRecorder(recording_policy(pol)) if record_plan else None
@@ -201,6 +204,8 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
     if recorder is not None:
         recorder.follower = follower
         hooks = recorder
+    if oracle is not None:
+        hooks = FutureReads(oracle, trace.events, hooks)
     if on_engine is not None:
         on_engine(engine)
     status, needed, message = "ok", None, ""

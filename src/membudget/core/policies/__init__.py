@@ -13,14 +13,17 @@ from membudget.core.policies.dte import DTE
 from membudget.core.policies.dtr import DTR
 from membudget.core.policies.dtr_eq import DTREq
 from membudget.core.policies.dtr_local import DTRLocal
+from membudget.core.policies.future import DTRFuture
 from membudget.core.policies.megengine import MegEngine
 from membudget.core.policies.msps import MSPS
 from membudget.core.policies.simple import LRU, Random, Size
 from membudget.errors import MembudgetError, UnknownNameError
 
 POLICIES: dict[str, Callable[..., Policy]] = {
-    cls.name: cls for cls in (DTR, DTREq, DTRLocal, MSPS, LRU, Size, DTE, Coop, DTRCompact)
+    cls.name: cls for cls in (DTR, DTREq, DTRLocal, MSPS, LRU, Size, DTE, Coop, DTRCompact,
+                              DTRFuture)
 }
+POLICIES["dtr-future-stale"] = partial(DTRFuture, staleness=True)
 POLICIES["random"] = Random
 POLICIES["megengine"] = MegEngine
 POLICIES["megengine-sqrt"] = partial(MegEngine, sqrt_sampling=True)
@@ -42,7 +45,7 @@ SEEDED = {"random", "megengine", "megengine-sqrt"}
 DEFAULT_POLICY = "dtr-compact"
 #: The heuristics whose schedules of a recorded step are compared by the planners (planned
 #: mode's default planner and ``membudget optimum``): the cheapest is followed.
-SCHEDULE_CANDIDATES = ("dtr-eq", "dtr", "dtr-local", "msps")
+SCHEDULE_CANDIDATES = ("dtr-eq", "dtr", "dtr-local", "msps", "dtr-future", "dtr-future-stale")
 
 
 def resolve_policy(name: str) -> str:

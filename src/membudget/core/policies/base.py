@@ -26,6 +26,9 @@ class Policy(ABC):
     # scores the free bytes beside a candidate (the pool's ``free_adj`` column), which the
     # allocator then keeps current on every placement and free
     reads_free_adj: ClassVar[bool] = False
+    # knows when each storage is next read: only a replay of a recorded step can tell it
+    # (the simulator does; a live session refuses such a policy)
+    needs_future: ClassVar[bool] = False
     # what the method was published with: the engine's defaults under this policy
     default_allocator: ClassVar[str] = "fungible"
     default_inplace: ClassVar[str] = "cow"
