@@ -169,3 +169,33 @@ def test_given_baseline_is_used():
     base = measure_baseline(CHAIN)
     r = simulate(CHAIN, "lru", ratio=0.75, baseline=base, overhead_limit=None)
     assert r.baseline_cost == base.cost and r.budget_bytes == int(base.peak_bytes * 0.75)
+
+
+def test_a_slow_candidate_does_not_starve_the_others(monkeypatch):
+    # A stand-in for dtr runs until its deadline and times out; the others finish at once.
+    # Each gets a share of the time first, so all of them run; dtr then runs again with
+    # all the time left, and is still reported as stopped.
+    import time
+    from dataclasses import replace
+
+    from membudget.sim import schedules as sched
+
+    real = sched.run_schedule
+    deadlines: list[float] = []
+
+    def fake(trace, budget, source, policy, plan=None, **kw):
+        if source == "dtr":
+            deadlines.append(kw["deadline"])
+            time.sleep(max(0.0, kw["deadline"] - time.perf_counter()))
+            return replace(real(trace, budget, source, policy, plan, **kw), status="timeout")
+        return real(trace, budget, source, policy, plan, **kw)
+
+    list(sched.schedules(DOC, 20_484, "dtr-eq"))  # (the first run's imports take a second)
+    monkeypatch.setattr(sched, "run_schedule", fake)
+    until = time.perf_counter() + 1.0
+    runs = list(sched.schedules(DOC, 20_484, "dtr-eq", until=until))
+    status = dict((source, r.status) for source, r in runs)
+    assert status.pop("dtr") == "timeout" and len(deadlines) == 2
+    assert deadlines[0] < until and deadlines[1] == until
+    assert {"msps", "dtr-future", "dtr-future-stale"} <= set(status)
+    assert set(status.values()) == {"ok"}
