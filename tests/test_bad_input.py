@@ -189,6 +189,9 @@ FILES: dict[str, bytes] = {
                                         "MUTATE": [0], "TIME": 1e400}),
     "nested.log": dtr_log(*CONSTANT) + b"[" * 100_000 + b"\n",
     "markup.jsonl": HEADER + lines([{"ev": "[/x]"}]),
+    # line 100: ":100:" must not become an emoji shortcode, nor ":fire:" in the name
+    "x:fire:.jsonl": HEADER + lines([{"ev": "put", "t": t, "bytes": 8} for t in range(1, 99)]
+                                    + [{"ev": "cal"}]),
     "bad-utf8.csv": b"id,lower,upper,size\n0,0,4,8\n1,0,4,\xff\n",
     "huge.csv": b"id,lower,upper,size\n0,0,4," + b"9" * 30 + b"\n",
     "field.csv": b"id,lower,upper,size\n" + b"x" * 200_000 + b",0,4,8\n",
@@ -216,6 +219,7 @@ CASES = [  # (command, what the one line must say)
     (["import", "dtr-log", "{time-inf.log}", "-o", "{out}"], "time-inf.log:4: TIME must be"),
     (["import", "dtr-log", "{nested.log}", "-o", "{out}"], "nested too deeply"),
     (["simulate", "{markup.jsonl}", "--ratio", "1"], "unknown event '[/x]'"),
+    (["simulate", "{x:fire:.jsonl}", "--ratio", "1"], "x:fire:.jsonl:100: unknown event 'cal'"),
     (["pack", "{bad-utf8.csv}", "-o", "{out}"], "bad-utf8.csv:3: not UTF-8"),
     (["pack", "{huge.csv}", "-o", "{out}"], "huge.csv:2: column 'size' is not an integer"),
     (["pack", "{field.csv}", "-o", "{out}"], "field.csv:2: malformed CSV"),

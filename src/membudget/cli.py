@@ -27,9 +27,10 @@ import_app = typer.Typer(no_args_is_help=True, help="Convert other formats into 
 app.add_typer(import_app, name="import")
 
 # Tables stay whole when the output is a file or a pipe (rich would wrap at 80 columns).
-# Markup only where a line asks for it: names and paths from the input may hold brackets.
-out = Console(width=None if sys.stdout.isatty() else 200, markup=False)
-err = Console(stderr=True, markup=False)
+# Markup only where a line asks for it, and no emoji codes: names and paths from the input may
+# hold brackets, and "file:100:" is a line number, not an emoji.
+out = Console(width=None if sys.stdout.isatty() else 200, markup=False, emoji=False)
+err = Console(stderr=True, markup=False, emoji=False)
 
 
 def _floats(text: str, what: str) -> list[float]:

@@ -48,7 +48,7 @@ def run_demo(ratio: float = 0.4, steps: int = 5, policy: str = "dtr", batch: int
 
     import membudget
 
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, emoji=False)
     model = _gpt2()
     start = copy.deepcopy(model.state_dict())
     gen = torch.Generator().manual_seed(1)

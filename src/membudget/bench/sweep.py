@@ -78,7 +78,7 @@ def _parallel(fn: Callable[[J, dict[str, Any]], R], jobs: list[J], opts: dict[st
               describe: Callable[[J], str]) -> dict[J, R]:
     """Run ``fn(job, opts)`` for every job on ``workers`` processes that share the traces;
     the longest traces go first so the cores finish together."""
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, emoji=False)
     order = sorted(jobs, key=lambda j: -len(loaded[j[0]].events))
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
     results: dict[J, R] = {}
