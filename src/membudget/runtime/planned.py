@@ -97,6 +97,18 @@ def simulated_plan(trace: Trace, budget_bytes: int, policy: str) -> EvictionPlan
     return best.eviction_plan
 
 
+def own_plan(trace: Trace, budget_bytes: int, policy: str) -> EvictionPlan:
+    """The planner once a plan has failed live: the policy's own decisions on the step, as
+    the simulator replays them (the step they come from completed under the budget)."""
+    from membudget.sim.schedules import run_schedule
+
+    head = trace.header
+    r = run_schedule(trace, budget_bytes, policy, policy, allocator=head.get("allocator"),
+                     inplace=head.get("inplace"), overhead_limit=None)
+    assert r.eviction_plan is not None
+    return r.eviction_plan
+
+
 def distributed() -> bool:
     """Is this process one of several training together (DDP, FSDP)?"""
     return torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -147,8 +159,8 @@ class PlanRun:
     recomputes something from (the dynamic run evicted it after that) and recompute it
     again."""
 
-    __slots__ = ("deferred", "diverged_at", "engine", "evicted", "k", "made", "plan", "plans",
-                 "policy", "sigs", "source", "switches", "table")
+    __slots__ = ("deferred", "diverged_at", "engine", "evicted", "followed", "k", "made",
+                 "plan", "plans", "policy", "sigs", "source", "switches", "table")
 
     def __init__(self, engine: Engine, plan: StepPlan | None, plans: Sequence[StepPlan],
                  record: bool) -> None:
@@ -162,6 +174,7 @@ class PlanRun:
         self.plan = plan
         self.table = None if plan is None else plan.table  # None: nothing to follow (now)
         self.source = None if plan is None else plan.plan.source  # the last plan's maker
+        self.followed = plan  # the last plan followed (kept past a divergence)
         self.sigs: list[tuple] | None = [] if record else None
         self.made: list[list[Tensor]] = []  # each call's results, by call index
         self.k = 0  # the index of the next call
@@ -236,6 +249,7 @@ class PlanRun:
             else:
                 continue
             self.plan, self.table, self.source = other, table, other.plan.source
+            self.followed = other
             self.switches += 1
             return entry
         self.diverged_at = k
@@ -298,6 +312,9 @@ class Planning:
         self.settled = False  # the last step followed a plan to its end
         self.plans_made = 0
         self.error: BaseException | None = None  # a planner's failure: planning stops
+        # a step that followed a plan ran out of the budget: the plan is dropped, and the
+        # default planner makes the next ones of the policy's own decisions only
+        self.plans_failed = 0
 
     def begin(self, engine: Engine) -> PlanRun:
         """A step starts: follow the latest plan, and record the step unless the last step
@@ -317,14 +334,17 @@ class Planning:
         tuning = start.tuning
         return tuning.plan, tuning.closures, tuning.forecast
 
-    def end_replay(self, replay: Replay, failed: bool) -> None:
+    def end_replay(self, replay: Replay, failed: bool, ran_out: bool = False) -> None:
         """A replayed step ended. One that failed, or whose ops differed from the record,
         leaves the session unsettled: the next step runs with the engine (and is recorded
         if no plan covers it), and replays resume after one that follows this plan to its
-        end. A plan whose replay had to hand over to fit is not replayed again; the metered
-        peak of one that fitted corrects its forecast."""
+        end. A plan whose replay had to hand over to fit, or ran out of the budget
+        (``ran_out``), is not replayed again; the metered peak of one that fitted corrects
+        its forecast."""
         start = self.start
         assert start is not None and start.tuning is not None
+        if ran_out:
+            start.tuning = None
         if failed or replay.reason == HANDED_OVER_OPS:
             self.settled = False
             return
@@ -333,12 +353,16 @@ class Planning:
             start.tuning = None  # (its steps follow the plan with the engine)
 
     def end(self, run: PlanRun, recording: Recording | None, header: dict[str, Any],
-            failed: bool, recorder: StepRecorder | None = None) -> None:
+            failed: bool, recorder: StepRecorder | None = None, ran_out: bool = False) -> None:
         """A step ended: remember the plan it ended on; plan a recorded step that no plan
-        covered, in the background."""
+        covered, in the background. A step that ran out of the budget (``ran_out``) after
+        following a plan drops that plan, so the next step runs dynamically and is recorded
+        (else every step would follow it into the same failure)."""
         run.finish()
         if failed:  # (its trace is cut short: not a step to plan)
             self.settled = False
+            if ran_out and run.followed is not None:
+                self._drop(run.followed)
             return
         self.settled = run.plan is not None
         if run.plan is not None:
@@ -359,7 +383,9 @@ class Planning:
             if calls != len(sigs):  # (the session signs every call it records)
                 raise MembudgetError(f"the step made {len(sigs)} engine calls but its "
                                      f"trace has {calls}")
-            plan = self.planner(trace, header["budget_bytes"], header["policy"])
+            planner = (own_plan if self.plans_failed and self.planner is simulated_plan
+                       else self.planner)
+            plan = planner(trace, header["budget_bytes"], header["policy"])
             tuning = (Tuning(ReplayPlan(recorder), header["budget_bytes"])
                       if recorder is not None else None)
             self._made = StepPlan(plan, sigs, tuning)
@@ -401,6 +427,16 @@ class Planning:
             for other in self.plans:
                 other.common.pop(old, None)
         self.start = plan
+
+    def _drop(self, plan: StepPlan) -> None:
+        """``plan`` led a step out of the budget: it is followed no more."""
+        self.plans_failed += 1
+        if plan in self.plans:
+            self.plans.remove(plan)
+        for other in self.plans:
+            other.common.pop(plan, None)
+        if self.start is plan:
+            self.start = self.plans[-1] if self.plans else None
 
     def _use(self, plan: StepPlan) -> None:
         """``plan`` was followed to the end of a step: the next step starts with it."""

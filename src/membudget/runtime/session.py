@@ -203,15 +203,16 @@ class Session(TorchDispatchMode, ContextDecorator):
         eng = self.engine
         assert eng is not None
         completed = False
+        ran_out = exc_type is not None and issubclass(exc_type, OutOfBudget)
         try:
             hand_out(self, exc_type is not None)
             completed = exc_type is None
         finally:
             self._close()
             if self.plan_run is not None:
-                self._end_planned_step(not completed, recorder)
+                self._end_planned_step(not completed, recorder, ran_out)
             elif self._replayed is not None:
-                self._end_replayed_step(not completed)
+                self._end_replayed_step(not completed, ran_out)
         if exc_type is None and isinstance(self.record, (str, Path)):
             self.trace(self.record)
 
@@ -220,12 +221,13 @@ class Session(TorchDispatchMode, ContextDecorator):
         if threading.get_ident() == self.thread:
             self.optimizers.add(optimizer)
 
-    def _end_planned_step(self, failed: bool, recorder: StepRecorder | None) -> None:
+    def _end_planned_step(self, failed: bool, recorder: StepRecorder | None,
+                          ran_out: bool = False) -> None:
         """Hand the step to the session's planning, and its plan figures to the stats."""
         run, self.plan_run = self.plan_run, None
         assert run is not None and self.planning is not None
         recording = self.recording if isinstance(self.recording, Recording) else None
-        self.planning.end(run, recording, self._header(), failed, recorder)
+        self.planning.end(run, recording, self._header(), failed, recorder, ran_out)
         st = self.stats
         st.plan_recorded = run.recorded
         st.plan_followed_calls = run.followed_calls
@@ -236,11 +238,11 @@ class Session(TorchDispatchMode, ContextDecorator):
         st.plan_diverged_at = run.diverged_at
         st.plan_source = run.source
 
-    def _end_replayed_step(self, failed: bool) -> None:
+    def _end_replayed_step(self, failed: bool, ran_out: bool = False) -> None:
         """Hand a replayed step to the session's planning, and its figures to the stats."""
         replay, self._replayed = self._replayed, None
         assert replay is not None and self.planning is not None
-        self.planning.end_replay(replay, failed)
+        self.planning.end_replay(replay, failed, ran_out)
         st = self.stats
         st.replayed_ops = replay.k
         st.replay_dropped = len(replay.closures)
