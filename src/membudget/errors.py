@@ -65,8 +65,10 @@ class OutOfBudget(MembudgetError, MemoryError):
                    f"{unevictable_bytes:,} B of pinned or locked blocks in place the largest block "
                    f"the {int(budget_bytes):,} B pool can give is "
                    f"{int(self.largest_free_bytes):,} B (fragmentation, or the allocator's "
-                   "segment sizes); raise the budget (`membudget simulate --min-budget` finds "
-                   "the least that works)" + ("" if pinned_apart else
+                   "segment sizes); change the budget: with addresses, what completes is not "
+                   "monotone in the budget, so a little more or a little less may fit "
+                   "(`membudget simulate --min-budget` finds the least that works)"
+                   + ("" if pinned_apart else
                                               " or use a pool that keeps pinned blocks "
                                               "together (two-sided or segregated)"))
         super().__init__(f"out of budget running {excerpt(op, 120)}: {why}")
