@@ -378,3 +378,16 @@ def test_torch_func_transforms_of_functions_are_budgeted_and_of_modules_refused(
         vmap(grad(loss), in_dims=(None, 0))(params, xs)
     per_sample = vmap(grad(loss), in_dims=(None, 0))(params, xs)
     assert per_sample["0.weight"].shape == (16, 32, 64)
+
+
+def test_an_input_too_big_for_the_budget_is_named_by_its_size():
+    # The error named the engine's command ('put'), not what the user gave it.
+    import torch
+
+    import membudget
+
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(4096, 8)  # 131,072 B, made before the session
+    with pytest.raises(membudget.BudgetTooSmallError, match="taking in a leaf of 131,072 B"):
+        with membudget.budget("100 KB"):
+            lin(x).sum().backward()

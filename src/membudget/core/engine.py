@@ -172,7 +172,7 @@ class Engine:
             self._pinned.append(s)
         t = Tensor(self._next_id(), s, None, alias=False)
         s.tensors.append(t)
-        self._allocate(s, "put")
+        self._allocate(s, f"taking in a {kind} of {int(nbytes):,} B")  # (the error names it)
         self._placed(s)
         t.defined = True
         s.last_access = self.clock
