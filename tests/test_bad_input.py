@@ -388,6 +388,6 @@ def test_an_input_too_big_for_the_budget_is_named_by_its_size():
 
     lin = torch.nn.Linear(8, 8)
     x = torch.randn(4096, 8)  # 131,072 B, made before the session
-    with pytest.raises(membudget.BudgetTooSmallError, match="taking in a leaf of 131,072 B"):
-        with membudget.budget("100 KB"):
-            lin(x).sum().backward()
+    with (pytest.raises(membudget.BudgetTooSmallError, match="taking in a leaf of 131,072 B"),
+          membudget.budget("100 KB")):
+        lin(x).sum().backward()
