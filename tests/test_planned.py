@@ -331,3 +331,14 @@ def test_a_plan_that_ran_out_of_the_budget_is_not_used_again(build, ratio):
     for _ in range(3):
         with membudget.budget(budget):
             step(opt)
+
+
+def test_a_settled_step_that_is_not_replayed_says_why():
+    # Step 3 follows step 2's plan to its end, so step 4 would be replayed, but replay is
+    # off: its stats say so (a stranger test found steps left unreplayed with no reason).
+    model, ids = gpt2()
+    session = membudget.budget(half_peak(model, ids), mode="planned", replay=False)
+    _, stats, _ = train(copy.deepcopy(model), ids, [64] * 4, session)
+    assert [st.replay_reason for st in stats[:3]] == ["", "", ""]
+    assert_followed(stats[3])
+    assert stats[3].replayed_ops == 0 and stats[3].replay_reason.startswith("replay is off")

@@ -68,8 +68,7 @@ class OutOfBudget(MembudgetError, MemoryError):
                    "segment sizes); change the budget: with addresses, what completes is not "
                    "monotone in the budget, so a little more or a little less may fit "
                    "(`membudget simulate --min-budget` finds the least that works)"
-                   + ("" if pinned_apart else
-                                              " or use a pool that keeps pinned blocks "
+                   + ("" if pinned_apart else " or use a pool that keeps pinned blocks "
                                               "together (two-sided or segregated)"))
         super().__init__(f"out of budget running {excerpt(op, 120)}: {why}")
 

@@ -119,7 +119,7 @@ class StepPlan:
     evict before it (``(call, slot)`` keys, or None); ``common[other]`` how many leading
     calls it shares with another plan of the session."""
 
-    __slots__ = ("common", "plan", "table", "tuning")
+    __slots__ = ("common", "no_replay", "plan", "table", "tuning")
 
     def __init__(self, plan: EvictionPlan, signatures: Sequence[tuple],
                  tuning: Tuning | None = None) -> None:
@@ -129,8 +129,11 @@ class StepPlan:
             (sig, tuple(before[k]) if before.get(k) else None)
             for k, sig in enumerate(signatures)]
         self.common: dict[StepPlan, int] = {}
-        # how a replay of this kind of step drops (None: it is not replayed)
+        # how a replay of this kind of step drops (None: it is not replayed, for no_replay)
         self.tuning = None if tuning is None or tuning.failed else tuning
+        self.no_replay = ("" if self.tuning is not None else
+                          "no set of drops keeps the forecast peak under the budget"
+                          if tuning is not None else "")
 
     def __len__(self) -> int:
         return len(self.table)
@@ -334,6 +337,18 @@ class Planning:
         tuning = start.tuning
         return tuning.plan, tuning.closures, tuning.forecast
 
+    def why_not_replayed(self) -> str:
+        """Why a step that starts after one that followed its plan to the end is not
+        replayed ("" if it is, or if the step before did not)."""
+        start = self.start
+        if not self.settled or start is None:
+            return ""
+        if not self.replay:
+            return "replay is off (replay=False, or the session records or swaps)"
+        if distributed():
+            return "the session trains across processes"
+        return "" if start.tuning is not None else start.no_replay
+
     def end_replay(self, replay: Replay, failed: bool, ran_out: bool = False) -> None:
         """A replayed step ended. One that failed, or whose ops differed from the record,
         leaves the session unsettled: the next step runs with the engine (and is recorded
@@ -344,13 +359,13 @@ class Planning:
         start = self.start
         assert start is not None and start.tuning is not None
         if ran_out:
-            start.tuning = None
+            start.tuning, start.no_replay = None, "a replay of it ran out of the budget"
         if failed or replay.reason == HANDED_OVER_OPS:
             self.settled = False
             return
         start.tuning.report(replay.handed_over_at is None, replay.peak_bytes)
-        if start.tuning.failed:
-            start.tuning = None  # (its steps follow the plan with the engine)
+        if start.tuning.failed:  # (its steps follow the plan with the engine)
+            start.tuning, start.no_replay = None, f"a replay of it handed over: {replay.reason}"
 
     def end(self, run: PlanRun, recording: Recording | None, header: dict[str, Any],
             failed: bool, recorder: StepRecorder | None = None, ran_out: bool = False) -> None:

@@ -112,6 +112,7 @@ class Session(TorchDispatchMode, ContextDecorator):
         self.plan_run: PlanRun | None = None
         self.replay: Replay | None = None  # this step's replay, until it hands over
         self._replayed: Replay | None = None
+        self._no_replay = ""  # why this planned step is not replayed (stats.replay_reason)
         self._recorder: StepRecorder | None = None
         self._saved_hooks: Any = None
         self.policy, self.allocator, self.inplace = resolve_policy(policy), allocator, inplace
@@ -154,6 +155,7 @@ class Session(TorchDispatchMode, ContextDecorator):
         self.inplace_name = self.engine.inplace
         planning = self.planning
         replayed = None if planning is None else planning.replay_for_step()
+        self._no_replay = "" if planning is None or replayed else planning.why_not_replayed()
         run = self.plan_run = (None if planning is None or replayed is not None
                                else planning.begin(self.engine))
         self.recording = _new_recording(self.record or (run is not None and run.recorded))
@@ -237,6 +239,7 @@ class Session(TorchDispatchMode, ContextDecorator):
         st.plan_divergences = int(run.diverged_at is not None)
         st.plan_diverged_at = run.diverged_at
         st.plan_source = run.source
+        st.replay_reason = self._no_replay
 
     def _end_replayed_step(self, failed: bool, ran_out: bool = False) -> None:
         """Hand a replayed step to the session's planning, and its figures to the stats."""

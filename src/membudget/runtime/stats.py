@@ -39,7 +39,10 @@ class SessionStats:
     (``runtime.replay``) ran ``replayed_ops`` ops without the engine, dropping
     ``replay_dropped`` saved values and running ``replay_recomputed_ops`` ops to recompute
     them; ``replay_handed_over_at`` is the op at which the engine took over, and
-    ``replay_reason`` why (else None and ""). Its ``peak_bytes`` is then the replay's metered
+    ``replay_reason`` why (else None and ""); for a planned step that was not replayed
+    though the step before followed its plan to the end, ``replay_reason`` says why not
+    (no set of drops fits the budget, an earlier replay handed over or ran out, replay is
+    off, several processes). Its ``peak_bytes`` is then the replay's metered
     peak (or the engine's, if higher after it took over), and ``replay_forecast_bytes`` the
     peak its choice of drops was forecast to reach."""
 
