@@ -67,7 +67,8 @@ def test_read_times_follow_copies_gets_and_new_versions():
 def test_its_schedule_is_a_candidate_and_replays_as_a_plan():
     tr = cyclic_reads()
     budget = 100 + 2 * 100 + 10
-    assert {"dtr-future", "dtr-future-stale"} <= set(dict(schedules(tr, budget, "dtr")))
+    assert ({"dtr-future", "dtr-future-stale", "dtr-future-time"}
+            <= set(dict(schedules(tr, budget, "dtr"))))
     r = run_schedule(tr, budget, "dtr-future", "dtr-future")
     again = simulate(tr, "dtr", budget=budget, plan=r.eviction_plan)
     assert again.status == "ok" and again.executed_cost == r.executed_cost
@@ -77,3 +78,23 @@ def test_its_schedule_is_a_candidate_and_replays_as_a_plan():
 def test_a_live_session_refuses_it_and_says_where_it_works():
     with pytest.raises(MembudgetError, match="recorded step"):
         membudget.budget("10 MB", policy="dtr-future")
+
+
+def test_by_time_the_distance_counts_the_ops_cost_not_their_number():
+    # a (cost 3) and b (cost 1) from one leaf; c needs one of them to go. b is read one
+    # call on, a three calls on but after an op of cost 1000. Counting calls, b scores
+    # 1 / (m · 2) against a's 3 / (m · 4): b goes. Counting time, a's read is much
+    # further off than b's: a goes.
+    ev: list = [(PUT, None, 1, 100, "leaf"), call("a", [1], [2], [100], cost=3),
+                call("b", [1], [3], [100]), call("c", [1], [4], [100]),
+                call("read_b", [3], [5], [1]), (RELEASE, None, 5),
+                call("slow", [4], [6], [1], cost=1000), (RELEASE, None, 6),
+                call("read_a", [2], [7], [1]), (RELEASE, None, 7)]
+    ev += [(RELEASE, None, t) for t in (2, 3, 4)]
+    tr = Trace({"model": "costs"}, ev)
+    first = {}
+    for name in ("dtr-future", "dtr-future-time"):
+        r = run_schedule(tr, 100 + 2 * 100 + 10, name, name)
+        assert r.status == "ok" and r.peak_bytes <= 310
+        first[name] = r.eviction_plan.before[2][0]
+    assert first == {"dtr-future": (1, 0), "dtr-future-time": (0, 0)}

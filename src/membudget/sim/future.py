@@ -1,7 +1,13 @@
 """What a replay tells a policy that knows the future (``needs_future``): where the program
-is, and when each storage it makes will be read, from one pass over the trace's events."""
+is, and when each storage it makes will be read, from one pass over the trace's events.
+Positions are call indices, or with the policy's ``by_time`` the recorded cost of the calls
+before, in units of the mean call's."""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from itertools import accumulate
 
 from membudget.core.policies.future import DTRFuture
 from membudget.core.records import Tensor
@@ -65,9 +71,17 @@ class FutureReads:
         self.policy, self.inner = policy, inner
         self.reads, self.inputs_of, self.results_of = read_times(events)
         self.told: set[int] = set()  # value numbers whose reads the policy has
+        costs = [float(ev[7]) for ev in events if ev[0] == CALL]
+        if policy.by_time and costs:
+            unit = (sum(costs) / len(costs)) or 1.0
+            starts = list(accumulate([c / unit for c in costs], initial=0.0))
+            # a read between calls k and k + 1 (k + 0.5) sits at the end of call k
+            self.position: Callable[[float], float] = lambda r: starts[math.ceil(r)]
+        else:
+            self.position = float
 
     def before_call(self, k: int) -> None:
-        self.policy.at(k)
+        self.policy.at(self.position(k))
         if self.inner is not None:
             self.inner.before_call(k)
 
@@ -77,6 +91,6 @@ class FutureReads:
             for t, v in zip(tensors, values, strict=True):
                 if v not in told:
                     told.add(v)
-                    policy.will_read(t.storage, [r for r in reads[v] if r > k])
+                    policy.will_read(t.storage, [self.position(r) for r in reads[v] if r > k])
         if self.inner is not None:
             self.inner.after_call(k, inputs, results)

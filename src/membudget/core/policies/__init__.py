@@ -24,6 +24,7 @@ POLICIES: dict[str, Callable[..., Policy]] = {
                               DTRFuture)
 }
 POLICIES["dtr-future-stale"] = partial(DTRFuture, staleness=True)
+POLICIES["dtr-future-time"] = partial(DTRFuture, by_time=True)
 POLICIES["random"] = Random
 POLICIES["megengine"] = MegEngine
 POLICIES["megengine-sqrt"] = partial(MegEngine, sqrt_sampling=True)
@@ -45,7 +46,8 @@ SEEDED = {"random", "megengine", "megengine-sqrt"}
 DEFAULT_POLICY = "dtr-compact"
 #: The heuristics whose schedules of a recorded step are compared by the planners (planned
 #: mode's default planner and ``membudget optimum``): the cheapest is followed.
-SCHEDULE_CANDIDATES = ("dtr-eq", "dtr", "dtr-local", "msps", "dtr-future", "dtr-future-stale")
+SCHEDULE_CANDIDATES = ("dtr-eq", "dtr", "dtr-local", "msps", "dtr-future", "dtr-future-stale",
+                       "dtr-future-time")
 
 
 def resolve_policy(name: str) -> str:

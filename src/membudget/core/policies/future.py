@@ -3,7 +3,9 @@
 DTR's staleness, the time since a storage was last read, stands in for how long its bytes
 would stay free if it left. Replaying a recorded step, the time until its next read is
 known, as in Belady's rule: h(S) = (c(S) + e*(S)) / (m(S) · (next read − now)), with
-``staleness=True`` also times DTR's staleness. Only a replay knows the future: the
+``staleness=True`` also times DTR's staleness. The time is counted in calls, or with
+``by_time=True`` in the ops' recorded cost (in units of the mean op's, so that a long op
+counts for more than a short one). Only a replay knows the future: the
 simulator tells the policy where the program is (:meth:`at`) and when each new storage will
 be read (:meth:`will_read`); a live session refuses it, and planned mode compares its
 schedule among the others (:data:`~membudget.core.policies.SCHEDULE_CANDIDATES`).
@@ -30,20 +32,22 @@ class DTRFuture(DTR):
     name = "dtr-future"
     needs_future: ClassVar[bool] = True
 
-    def __init__(self, staleness: bool = False) -> None:
+    def __init__(self, staleness: bool = False, by_time: bool = False) -> None:
         super().__init__()
         self.with_staleness = staleness
+        self.by_time = by_time  # positions in op cost, not in calls (the replay converts)
         self.now = 0.0  # the program's position: the index of the running call
         self._reads: dict[Storage, list[float]] = {}  # when each storage is read, sorted
         self._next: dict[Storage, int] = {}  # the index of its first read not yet passed
 
     def at(self, k: float) -> None:
-        """The program is at call ``k`` (recomputations do not move it)."""
+        """The program is at position ``k``: the running call's (recomputations do not
+        move it)."""
         self.now = k
 
     def will_read(self, s: Storage, reads: Sequence[float]) -> None:
-        """``s`` will be read at the calls ``reads`` (none before the running one), besides
-        any told before (another view of it)."""
+        """``s`` will be read at the positions ``reads`` (none before the running call's),
+        besides any told before (another view of it)."""
         known = self._reads.get(s)
         if known is None:
             self._reads[s] = sorted(reads)
@@ -52,7 +56,7 @@ class DTRFuture(DTR):
                 insort(known, r)
 
     def distance(self, s: Storage) -> float:
-        """Calls until ``s`` is next read, counting the running one as 1."""
+        """Positions until ``s`` is next read, plus 1 (the running call's)."""
         reads = self._reads.get(s)
         if reads is None:
             return NEVER
