@@ -131,9 +131,8 @@ class StepPlan:
         self.common: dict[StepPlan, int] = {}
         # how a replay of this kind of step drops (None: it is not replayed, for no_replay)
         self.tuning = None if tuning is None or tuning.failed else tuning
-        self.no_replay = ("" if self.tuning is not None else
-                          "no set of drops keeps the forecast peak under the budget"
-                          if tuning is not None else "")
+        self.no_replay = ("no set of drops keeps the forecast peak under the budget"
+                          if tuning is not None and tuning.failed else "")
 
     def __len__(self) -> int:
         return len(self.table)

@@ -71,8 +71,8 @@ class FutureReads:
         self.policy, self.inner = policy, inner
         self.reads, self.inputs_of, self.results_of = read_times(events)
         self.told: set[int] = set()  # value numbers whose reads the policy has
-        costs = [float(ev[7]) for ev in events if ev[0] == CALL]
-        if policy.by_time and costs:
+        costs = [float(ev[7]) for ev in events if ev[0] == CALL] if policy.by_time else []
+        if costs:
             unit = (sum(costs) / len(costs)) or 1.0
             starts = list(accumulate([c / unit for c in costs], initial=0.0))
             # a read between calls k and k + 1 (k + 0.5) sits at the end of call k
