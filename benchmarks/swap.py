@@ -2,7 +2,7 @@
 
 Each model's training step (captured under FakeTensorMode, cached on disk) is priced on an A100
 80 GB, whose host link is PCIe 4.0 x16, and on an H100 (PCIe 5.0 x16). The simulator replays
-it with the default policy at budget ratios 0.7…0.1 three ways: recomputation only (swap off),
+it with the default policy at budget ratios 0.7…0.05 three ways: recomputation only (swap off),
 host copies only, and both (a victim goes to the host where its copies cost less than
 rebuilding it). Host copies run on copy streams that overlap the ops; the overhead counts the
 ops' waits for them.
@@ -37,7 +37,7 @@ ZOO = ["resnet-50", "inception-v3", "swin-t", "unet", "bilstm", "spos-supernet",
        "bert-large", "gpt3-2.7b"]
 SPECS = ["a100-80gb", "h100"]
 MODES = ["off", "only", "both"]
-RATIOS = [0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.15, 0.1]
+RATIOS = [0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.15, 0.1, 0.05]
 POLICY = "default"
 QUICK = (["gpt2", "resnet-50"], [0.5, 0.3, 0.2])
 
