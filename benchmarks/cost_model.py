@@ -18,7 +18,6 @@ Run: python benchmarks/cost_model.py [--models resnet-50,gpt2,bilstm,alexnet] [-
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import os
 import platform
@@ -31,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
-import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
+from scipy.stats import spearmanr
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from membudget.bench.report import git_state
@@ -108,14 +107,12 @@ def table1(spec: str) -> tuple[list[str], int, int]:
 
 # ------------------------------------------------------------------ (b) CPU calibration
 class TimingMode(TorchDispatchMode):
-    """Times every aten op (only the op itself) and predicts it with ``model``, and with
-    ``model`` without its element rates (the ablation)."""
+    """Times every aten op (only the op itself) and predicts it with ``model``."""
 
     def __init__(self, model: CostModel) -> None:
         super().__init__()
         self.model = model
-        self.plain = CostModel(dataclasses.replace(model.spec, math_rates={}))
-        self.ops: list[tuple[torch._ops.OpOverload, float, float, float]] = []
+        self.ops: list[tuple[torch._ops.OpOverload, float, float]] = []
 
     def __torch_dispatch__(self, func: torch._ops.OpOverload, types: Any, args: tuple = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -123,8 +120,7 @@ class TimingMode(TorchDispatchMode):
         t0 = time.perf_counter_ns()
         out = func(*args, **kwargs)
         measured = (time.perf_counter_ns() - t0) * 1e-9
-        self.ops.append((func, self.model.op_seconds(func, args, kwargs, out), measured,
-                         self.plain.op_seconds(func, args, kwargs, out)))
+        self.ops.append((func, self.model.op_seconds(func, args, kwargs, out), measured))
         return out
 
 
@@ -135,7 +131,6 @@ class OpSample:
     cls: str
     predicted: float
     measured: float
-    plain: float  # predicted without the spec's element rates
 
 
 def calibrate(name: str, model: CostModel, repeats: int) -> tuple[list[OpSample], int]:
@@ -152,28 +147,18 @@ def calibrate(name: str, model: CostModel, repeats: int) -> tuple[list[OpSample]
         runs.append(mode.ops)
     runs = runs[1:]
     first = runs[0]
-    if any([op[0] for op in r] != [op[0] for op in first] for r in runs):
+    if any([f for f, _, _ in r] != [f for f, _, _ in first] for r in runs):
         raise RuntimeError(f"{name}: the op sequence changed between steps")
     samples = [OpSample(name, func, op_class(func), pred,
-                        statistics.median(r[i][2] for r in runs), plain)
-               for i, (func, pred, _, plain) in enumerate(first)]
+                        statistics.median(r[i][2] for r in runs))
+               for i, (func, pred, _) in enumerate(first)]
     return samples, entry.small_batch
 
 
-def _ranks(x: np.ndarray) -> np.ndarray:
-    """Ranks of ``x`` from 0, ties sharing their average rank (as Spearman's rho takes them)."""
-    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
-    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    return (first + (counts - 1) / 2)[inverse]
-
-
 def rho(samples: Sequence[OpSample]) -> float:
-    """Spearman's rank correlation of predicted and measured times."""
     if len(samples) < 3:
         return float("nan")
-    a = _ranks(np.array([s.predicted for s in samples]))
-    b = _ranks(np.array([s.measured for s in samples]))
-    return float(np.corrcoef(a, b)[0, 1])
+    return float(spearmanr([s.predicted for s in samples], [s.measured for s in samples])[0])
 
 
 def kernels(samples: Sequence[OpSample]) -> list[OpSample]:
@@ -206,16 +191,6 @@ def calibration_markdown(per_model: dict[str, tuple[list[OpSample], int]],
     lines += ["", "The pooled ρ weighs every op equally, so the model with the most ops "
               "(many small, similar ones, whose ranks are mostly timing noise) dominates it; the "
               f"mean of the per-model ρ over kernel ops is {mean_rho:.3f}."]
-    rated = [s for s in everything if s.plain != s.predicted]
-    if rated:
-        def bytes_only(xs: list[OpSample]) -> list[OpSample]:
-            return [dataclasses.replace(s, predicted=s.plain) for s in xs]
-
-        lines += ["", "Ablation, on the same measurements: without the element rates (those "
-                  f"ops timed by their bytes) the {len(rated):,} ops they price are predicted at "
-                  f"a median {median_ratio(bytes_only(rated)):.2f}× their measured time, "
-                  f"against {median_ratio(rated):.2f}× with them; pooled ρ over kernel ops "
-                  f"{rho(bytes_only(k)):.3f}, against {rho(k):.3f}."]
     lines += ["", "Per op class, all models together (ratio = predicted / measured; a view's "
               "prediction is 0, so its row shows measured times only):", "",
               "| op class | ops | measured ms | predicted ms | median ratio | ratio p10–p90 | "
@@ -301,11 +276,6 @@ def spec_markdown(cpu: DeviceSpec) -> list[str]:
                      f"{s.bandwidth_efficiency:g} |")
     lines += ["", "Sources:", ""]
     lines += [f"- `{s.name}`: {s.source}" for s in specs]
-    rated = [s for s in specs if s.math_rates]
-    for s in rated:
-        lines += ["", f"Element rates of `{s.name}` (ops whose arithmetic, not their bytes, "
-                  "bounds them; G elements/s, fp32): " + ", ".join(
-                      f"{name} {rate / 1e9:.2f}" for name, rate in s.math_rates.items())]
     return lines
 
 
@@ -360,9 +330,7 @@ def main() -> None:
         "The model (`membudget.cost`): time = launch overhead + max(FLOPs / (peak matmul FLOP/s "
         "of the op's dtype × FLOP/s efficiency), bytes read and written / (bandwidth × "
         "bandwidth efficiency)). FLOPs come from `torch.utils.flop_counter` (matmuls, "
-        "convolutions, attention); every other op is timed by its bytes, except that a spec "
-        "with measured element rates (the `cpu` spec: tanh, exp, softmax, layer norm, ...) "
-        "takes the larger of the bytes' time and output elements / the op's rate; views, in-place "
+        "convolutions, attention); every other op is timed by its bytes; views, in-place "
         "metadata changes, shape queries and bare allocations cost 0. fp32 follows PyTorch's "
         "CUDA defaults: convolutions in TF32 (`torch.backends.cudnn.allow_tf32`), matmuls in "
         "full fp32 (`torch.backends.cuda.matmul.allow_tf32` is off).", "",
