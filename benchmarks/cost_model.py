@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
-from scipy.stats import spearmanr
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from membudget.bench.report import git_state
@@ -155,10 +155,20 @@ def calibrate(name: str, model: CostModel, repeats: int) -> tuple[list[OpSample]
     return samples, entry.small_batch
 
 
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks of ``x`` from 0, ties sharing their average rank (as Spearman's rho takes them)."""
+    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    return (first + (counts - 1) / 2)[inverse]
+
+
 def rho(samples: Sequence[OpSample]) -> float:
+    """Spearman's rank correlation of predicted and measured times."""
     if len(samples) < 3:
         return float("nan")
-    return float(spearmanr([s.predicted for s in samples], [s.measured for s in samples])[0])
+    a = _ranks(np.array([s.predicted for s in samples]))
+    b = _ranks(np.array([s.measured for s in samples]))
+    return float(np.corrcoef(a, b)[0, 1])
 
 
 def kernels(samples: Sequence[OpSample]) -> list[OpSample]:
