@@ -280,6 +280,46 @@ def test_ten_thousand_op_evicted_chain_rematerializes_iteratively(policy):
     assert eng.peak_bytes <= 24
 
 
+def _waiting_frame(budget: int) -> tuple[Engine, list]:
+    """x (leaf) -> a, c, d; b = g(c, d). a stays resident, b, c and d are evicted: an op
+    f(a, b) then locks a in its frame while b's recomputation needs c, d and b."""
+    eng = Engine(budget, "lru")
+    x = eng.put(8)
+    (c,) = eng.apply("h1", [x], [B])
+    (d,) = eng.apply("h2", [x], [B])
+    (b,) = eng.apply("g", [c, d], [B])
+    (a,) = eng.apply("k", [x], [B])  # (c or d, the least recent, makes room for it)
+    assert all(t.storage.evicted or eng.evict(t) for t in (b, c, d))
+    return eng, [x, a, b, c, d]
+
+
+def test_a_recomputation_deeper_than_the_budget_unlocks_the_frames_below_it():
+    # Budget x + 3B: f needs a, b and its output (3B), g needs c, d and b (3B), but g's
+    # recomputation inside f's frame, which holds a, would need 4B. f's frame gives up its
+    # lock, a is evicted for b, and f recomputes a once b is back: h1, h2, g and k run again.
+    # (Before, the run stopped out of budget while recomputing.)
+    eng, (x, a, b, c, d) = _waiting_frame(8 + 3 * B)
+    (out,) = eng.apply("f", [a, b], [B])
+    assert out.defined and a.defined and b.defined
+    assert eng.stats.remat_ops == 4 and a.storage.remats == 1
+    assert eng.peak_bytes <= 8 + 3 * B
+    assert all(s.locks == 0 for s in (x.storage, a.storage, b.storage, c.storage, d.storage))
+
+
+def test_a_recomputation_that_needs_more_than_the_budget_alone_still_fails():
+    # A leaf p of B bytes, put after the fact, leaves g's recomputation (c, d and b beside x
+    # and p: x + 4B) no way to fit, a given up or not: the run stops out of budget, with
+    # every lock released and the engine usable.
+    eng, (x, a, b, c, d) = _waiting_frame(8 + 3 * B)
+    p = eng.put(B)
+    with pytest.raises(OutOfBudget) as ei:
+        eng.apply("f", [a, b], [B])
+    assert ei.value.recomputing and ei.value.needed_bytes == 8 + 4 * B
+    assert all(s.locks == 0 for s in (x.storage, a.storage, b.storage, c.storage, d.storage))
+    (y,) = eng.apply("k2", [x, p], [B])
+    assert y.defined and eng.peak_bytes <= 8 + 3 * B
+
+
 # ---------------------------------------------------------------------------------- aliases
 def test_view_shares_base_storage_and_is_recomputed_with_it():
     eng = Engine(2 * B, "lru")

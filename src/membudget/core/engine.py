@@ -139,6 +139,8 @@ class Engine:
         # an allocation serves a recomputation (what it needs is this schedule's, not a
         # bound on every schedule's): set by _run for the frame placing outputs or inputs
         self._recomputing = False
+        # the frames of the running _run: [path, inputs locked so far, remat, gave up locks]
+        self._frames: list[list] = []
         self._batch_open = False  # a batch of moves has had its launch (_copy_batched)
         if self.pool.track_free_adj:  # else no allocator work on free neighbours at all
             self.allocator.pool = self.pool
@@ -370,17 +372,19 @@ class Engine:
         A frame stamps its inputs' last access when it starts, then locks each input it finds
         defined, so a later rematerialization cannot evict it; an undefined input pushes its
         producer as a new frame. (``apply`` runs a new op whose inputs are all defined
-        itself, the commonest case, without the frames.)
+        itself, the commonest case, without the frames.) Where memory runs out, the frames
+        below the top one may give up their locks (``_give_up_locks``) and scan again.
         """
         inputs = path.inputs
         locked = self._locked
         mark = len(locked)  # every lock taken from here is released before returning
         self._stamp(inputs)
-        stack: list[list] = [[path, 0, remat]]
+        stack: list[list] = [[path, 0, remat, False]]
+        outer, self._frames = self._frames, stack
         try:
             while stack:
                 frame = stack[-1]
-                p, i, rm = frame
+                p, i, rm, _ = frame
                 inputs = p.inputs
                 n = len(inputs)
                 while i < n:
@@ -401,7 +405,7 @@ class Engine:
                         raise EngineError(f"{t!r}, an input of {p.op!r}, was lost: it is "
                                           "neither materialized nor recomputable")
                     self._stamp(t.producer.inputs)
-                    stack.append([t.producer, 0, True])
+                    stack.append([t.producer, 0, True, False])
                     continue
                 self._recomputing = rm
                 self._execute(p, rm)
@@ -409,13 +413,32 @@ class Engine:
                 for t in inputs:
                     self._unlock(t.storage)
         except BaseException:
-            for p, i, _ in stack:
+            for p, i, *_ in stack:
                 for t in p.inputs[:i]:
                     self._unlock(t.storage)
             raise
         finally:
             del locked[mark:]
             self._recomputing = False
+            self._frames = outer
+
+    def _give_up_locks(self) -> bool:
+        """Nothing is left to evict while the top frame places its outputs or an input: the
+        frames below it unlock the inputs they hold, each once per run, and will lock them
+        again (or recompute them, if evicted meanwhile) when they run. A chain of
+        recomputations otherwise holds one input at each of its frames, and can need more
+        than the budget where the inputs of one op alone fit in it. Return whether any
+        frame gave up a lock."""
+        gave = False
+        for frame in self._frames[:-1]:
+            p, i, _, given = frame
+            if given or not i:
+                continue
+            frame[1] = 0
+            frame[3] = gave = True
+            for t in p.inputs[:i]:
+                self._unlock(t.storage)
+        return gave
 
     def _execute(self, p: ComputePath, remat: bool) -> None:
         """Allocate the outputs of ``p`` (its inputs are locked), run it, account for it."""
@@ -632,6 +655,8 @@ class Engine:
                     st.evictions += 1
                     if alloc.allocate(s):
                         break
+                    continue
+                if self._give_up_locks():
                     continue
                 raise OutOfBudget(op=op, request_bytes=alloc.block_bytes(s.nbytes),
                                   unevictable_bytes=alloc.used, budget_bytes=alloc.capacity,
