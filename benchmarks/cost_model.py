@@ -18,6 +18,7 @@ Run: python benchmarks/cost_model.py [--models resnet-50,gpt2,bilstm,alexnet] [-
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import platform
@@ -107,12 +108,14 @@ def table1(spec: str) -> tuple[list[str], int, int]:
 
 # ------------------------------------------------------------------ (b) CPU calibration
 class TimingMode(TorchDispatchMode):
-    """Times every aten op (only the op itself) and predicts it with ``model``."""
+    """Times every aten op (only the op itself) and predicts it with ``model``, and with
+    ``model`` without its element rates (the ablation)."""
 
     def __init__(self, model: CostModel) -> None:
         super().__init__()
         self.model = model
-        self.ops: list[tuple[torch._ops.OpOverload, float, float]] = []
+        self.plain = CostModel(dataclasses.replace(model.spec, math_rates={}))
+        self.ops: list[tuple[torch._ops.OpOverload, float, float, float]] = []
 
     def __torch_dispatch__(self, func: torch._ops.OpOverload, types: Any, args: tuple = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -120,7 +123,8 @@ class TimingMode(TorchDispatchMode):
         t0 = time.perf_counter_ns()
         out = func(*args, **kwargs)
         measured = (time.perf_counter_ns() - t0) * 1e-9
-        self.ops.append((func, self.model.op_seconds(func, args, kwargs, out), measured))
+        self.ops.append((func, self.model.op_seconds(func, args, kwargs, out), measured,
+                         self.plain.op_seconds(func, args, kwargs, out)))
         return out
 
 
@@ -131,6 +135,7 @@ class OpSample:
     cls: str
     predicted: float
     measured: float
+    plain: float  # predicted without the spec's element rates
 
 
 def calibrate(name: str, model: CostModel, repeats: int) -> tuple[list[OpSample], int]:
@@ -147,11 +152,11 @@ def calibrate(name: str, model: CostModel, repeats: int) -> tuple[list[OpSample]
         runs.append(mode.ops)
     runs = runs[1:]
     first = runs[0]
-    if any([f for f, _, _ in r] != [f for f, _, _ in first] for r in runs):
+    if any([op[0] for op in r] != [op[0] for op in first] for r in runs):
         raise RuntimeError(f"{name}: the op sequence changed between steps")
     samples = [OpSample(name, func, op_class(func), pred,
-                        statistics.median(r[i][2] for r in runs))
-               for i, (func, pred, _) in enumerate(first)]
+                        statistics.median(r[i][2] for r in runs), plain)
+               for i, (func, pred, _, plain) in enumerate(first)]
     return samples, entry.small_batch
 
 
@@ -201,6 +206,16 @@ def calibration_markdown(per_model: dict[str, tuple[list[OpSample], int]],
     lines += ["", "The pooled ρ weighs every op equally, so the model with the most ops "
               "(many small, similar ones, whose ranks are mostly timing noise) dominates it; the "
               f"mean of the per-model ρ over kernel ops is {mean_rho:.3f}."]
+    rated = [s for s in everything if s.plain != s.predicted]
+    if rated:
+        def bytes_only(xs: list[OpSample]) -> list[OpSample]:
+            return [dataclasses.replace(s, predicted=s.plain) for s in xs]
+
+        lines += ["", "Ablation, on the same measurements: without the element rates (those "
+                  f"ops timed by their bytes) the {len(rated):,} ops they price are predicted at "
+                  f"a median {median_ratio(bytes_only(rated)):.2f}× their measured time, "
+                  f"against {median_ratio(rated):.2f}× with them; pooled ρ over kernel ops "
+                  f"{rho(bytes_only(k)):.3f}, against {rho(k):.3f}."]
     lines += ["", "Per op class, all models together (ratio = predicted / measured; a view's "
               "prediction is 0, so its row shows measured times only):", "",
               "| op class | ops | measured ms | predicted ms | median ratio | ratio p10–p90 | "
@@ -286,6 +301,11 @@ def spec_markdown(cpu: DeviceSpec) -> list[str]:
                      f"{s.bandwidth_efficiency:g} |")
     lines += ["", "Sources:", ""]
     lines += [f"- `{s.name}`: {s.source}" for s in specs]
+    rated = [s for s in specs if s.math_rates]
+    for s in rated:
+        lines += ["", f"Element rates of `{s.name}` (ops whose arithmetic, not their bytes, "
+                  "bounds them; G elements/s, fp32): " + ", ".join(
+                      f"{name} {rate / 1e9:.2f}" for name, rate in s.math_rates.items())]
     return lines
 
 
@@ -340,7 +360,9 @@ def main() -> None:
         "The model (`membudget.cost`): time = launch overhead + max(FLOPs / (peak matmul FLOP/s "
         "of the op's dtype × FLOP/s efficiency), bytes read and written / (bandwidth × "
         "bandwidth efficiency)). FLOPs come from `torch.utils.flop_counter` (matmuls, "
-        "convolutions, attention); every other op is timed by its bytes; views, in-place "
+        "convolutions, attention); every other op is timed by its bytes, except that a spec "
+        "with measured element rates (the `cpu` spec: tanh, exp, softmax, layer norm, ...) "
+        "takes the larger of the bytes' time and output elements / the op's rate; views, in-place "
         "metadata changes, shape queries and bare allocations cost 0. fp32 follows PyTorch's "
         "CUDA defaults: convolutions in TF32 (`torch.backends.cudnn.allow_tf32`), matmuls in "
         "full fp32 (`torch.backends.cuda.matmul.allow_tf32` is off).", "",

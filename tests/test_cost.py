@@ -3,6 +3,7 @@ and fake tensors, named specs, the measured CPU spec, and Coop's Table 1 within 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -55,6 +56,18 @@ def test_conv_by_hand_and_tf32_follows_pytorch_defaults() -> None:
     a, b = torch.ones(256, 512), torch.ones(512, 128)
     assert seconds(CostModel(TOY, tf32_matmul=True), aten.mm.default, a, b) == pytest.approx(
         1e-6 + 9.175040e-6)
+
+
+def test_a_measured_element_rate_bounds_a_math_op_by_hand() -> None:
+    x = torch.ones(1 << 20)
+    # 8 MiB read and written at 1e11 B/s: 83.9 µs. At 1e9 tanh elements/s: 1,048.6 µs.
+    assert seconds(CostModel(TOY), aten.tanh.default, x) == pytest.approx(1e-6 + 83.88608e-6)
+    toy = dataclasses.replace(TOY, math_rates={"tanh": 1e9, "_softmax": 1e12})
+    assert seconds(CostModel(toy), aten.tanh.default, x) == pytest.approx(1e-6 + 1048.576e-6)
+    # A rate faster than the bytes changes nothing; an op without a rate keeps its bytes.
+    assert seconds(CostModel(toy), aten._softmax.default, x, 0, False) == pytest.approx(
+        1e-6 + 83.88608e-6)
+    assert seconds(CostModel(toy), aten.relu.default, x) == pytest.approx(1e-6 + 83.88608e-6)
 
 
 def test_relu_and_inplace_and_out_variants_by_hand() -> None:
@@ -188,9 +201,11 @@ def test_cpu_spec_is_measured_and_cached(tmp_path: pytest.TempPathFactory,
     # > 1e12 B/s here, since they take no time).
     assert 1e8 < spec.fp32_flops < 5e12 and 1e8 < spec.bandwidth < 5e11
     assert 1e-8 < spec.launch_overhead < 1e-3
+    assert set(spec.math_rates) == set(devices.MATH_BOUND)
+    assert all(1e6 < r < 1e12 for r in spec.math_rates.values())
     file = tmp_path / "cpu-spec.json"
     entries = json.loads(file.read_text())
-    key = f"torch={torch.__version__};threads={torch.get_num_threads()}"
+    key = devices._cache_key()
     assert DeviceSpec(**entries[key]) == spec
     # A later process reads the file instead of measuring.
     entries[key]["bandwidth"] = 123.0

@@ -274,7 +274,7 @@ class Halves(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a, b = self.inp(x).chunk(2, dim=-1)
-        return x + self.out(torch.tanh(a * b.contiguous()))
+        return x + self.out(torch.relu(a * b.contiguous()))
 
 
 def halves() -> nn.Module:

@@ -12,7 +12,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -47,6 +47,10 @@ class DeviceSpec:
     # is then a copy within the device's own memory, as on a CPU)
     host_link: str = ""
     host_bandwidth: float = 0.0
+    # elements/s of the elementwise ops whose arithmetic, not their bytes, bounds them (aten
+    # op name -> rate; measured on a CPU, where one core computes tanh at a tenth of the rate
+    # it streams memory; empty for the GPUs, where such ops are bound by their bytes)
+    math_rates: dict[str, float] = field(default_factory=dict)
 
     def host_link_rate(self) -> float:
         """Achieved bytes/s of a copy to or from host memory (pinned, one direction); with
@@ -160,8 +164,11 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "membudget"
 
 
+SPEC_LAYOUT = 2  # bumped when measure_cpu measures more: older cached specs are measured again
+
+
 def _cache_key() -> str:
-    return f"torch={torch.__version__};threads={torch.get_num_threads()}"
+    return f"torch={torch.__version__};threads={torch.get_num_threads()};layout={SPEC_LAYOUT}"
 
 
 def cpu_spec() -> DeviceSpec:
@@ -191,9 +198,40 @@ def _cpu_spec(path: str, key: str) -> DeviceSpec:
     return spec
 
 
+# Elementwise ops a CPU core computes slower than it streams their bytes (transcendental
+# functions, and the normalizations built on them), each with the shape it is timed at:
+# (rows, columns); the last dimension is the one softmax and layer norm reduce.
+MATH_BOUND = {"tanh": (1, 1 << 21), "exp": (1, 1 << 21), "log": (1, 1 << 21),
+              "sigmoid": (1, 1 << 21), "erf": (1, 1 << 21), "gelu": (1, 1 << 21),
+              "silu": (1, 1 << 21), "sin": (1, 1 << 21), "cos": (1, 1 << 21),
+              "_softmax": (2048, 1024), "_log_softmax": (2048, 1024),
+              "native_layer_norm": (2048, 1024)}
+
+
+def _math_op(name: str, x: torch.Tensor) -> torch.Tensor:
+    """Run :data:`MATH_BOUND` op ``name`` on ``x`` as a model would."""
+    op = getattr(torch.ops.aten, name).default
+    if name in ("_softmax", "_log_softmax"):
+        return op(x, -1, False)
+    if name == "native_layer_norm":
+        n = x.shape[-1]
+        return op(x, [n], torch.ones(n), torch.zeros(n), 1e-5)[0]
+    return op(x)
+
+
+def _math_rates() -> dict[str, float]:
+    """Elements per second of each :data:`MATH_BOUND` op on 2M fp32 elements, best of 3."""
+    rates = {}
+    for name, shape in MATH_BOUND.items():
+        x = torch.rand(shape) + 0.5  # (positive: log's fast path, as on real activations)
+        rates[name] = x.numel() / _best(lambda name=name, x=x: _math_op(name, x), 3)
+    return rates
+
+
 def measure_cpu() -> DeviceSpec:
     """Measure this CPU in well under 3 s: square matmuls per dtype, a best-of-10 32 MiB copy,
-    and the median time of a 1-element add (the per-op overhead)."""
+    the median time of a 1-element add (the per-op overhead) and the element rates of the
+    :data:`MATH_BOUND` ops."""
     flops = {torch.float32: _matmul_flops(torch.float32, (512, 1024)),
              torch.bfloat16: _matmul_flops(torch.bfloat16, (512, 1024)),
              torch.float16: _matmul_flops(torch.float16, (256,)),
@@ -212,6 +250,7 @@ def measure_cpu() -> DeviceSpec:
         CPU, fp32_flops=flops[torch.float32], fp16_flops=flops[torch.float16],
         bf16_flops=flops[torch.bfloat16], tf32_flops=None, fp64_flops=flops[torch.float64],
         bandwidth=2 * src.nbytes / copy, launch_overhead=statistics.median(ticks) * 1e-9,
+        math_rates=_math_rates(),
         source=f"measured on this machine ({torch.get_num_threads()} threads, torch "
                f"{torch.__version__}, {time.strftime('%Y-%m-%d')})")
 

@@ -2,7 +2,9 @@
 
 ``seconds = launch overhead + max(FLOPs / matmul FLOP/s, bytes read and written / bandwidth)``.
 FLOPs come from ``torch.utils.flop_counter``'s registry (matmuls, convolutions, attention,
-plus the CPU flash attention it misses); other ops are timed by their bytes alone. Ops that
+plus the CPU flash attention it misses); other ops are timed by their bytes alone, except
+where the spec has a measured element rate for the op (``DeviceSpec.math_rates``: tanh, exp,
+softmax, ... on a CPU), which is then a third term: output elements / rate. Ops that
 launch no kernel on a GPU cost 0: views (every return aliases an input without writing it),
 in-place metadata changes (``Tag.inplace_view``: ``transpose_``, ``resize_``, ``set_``), shape
 queries (no tensor return, no write, not data dependent) and bare allocations (``empty*``).
@@ -109,6 +111,7 @@ class CostModel:
         self.tf32_conv = tf32_conv
         self._bandwidth = self.spec.bandwidth * self.spec.bandwidth_efficiency
         self._rates: dict[tuple[torch.dtype, bool], float] = {}
+        self._math = {getattr(aten, name): rate for name, rate in self.spec.math_rates.items()}
 
     def op_seconds(self, func: OpOverload, args: tuple, kwargs: dict[str, Any],
                    out: Any) -> float:
@@ -133,6 +136,9 @@ class CostModel:
             flops = plan.flops(*args, **kwargs, out_val=out)
         if flops:
             seconds = max(seconds, flops / self._rate(_first_dtype(args), plan.conv))
+        rate = self._math.get(func._overloadpacket) if self._math else None
+        if rate:
+            seconds = max(seconds, _first_numel(out) / rate)
         return OpCost(flops, nbytes, self.spec.launch_overhead + seconds)
 
     def _rate(self, dtype: torch.dtype, conv: bool) -> float:
@@ -193,6 +199,13 @@ def _shapes(x: Any) -> Any:
     if isinstance(x, dict):
         return {k: _shapes(v) for k, v in x.items()}
     return x
+
+
+def _first_numel(out: Any) -> int:
+    """Elements of the op's first returned tensor."""
+    if isinstance(out, torch.Tensor):
+        return out.numel()
+    return next((x.numel() for x in out if isinstance(x, torch.Tensor)), 0)
 
 
 def _first_dtype(args: tuple) -> torch.dtype:
