@@ -348,7 +348,7 @@ class Planning:
             return "the session trains across processes"
         return "" if start.tuning is not None else start.no_replay
 
-    def end_replay(self, replay: Replay, failed: bool, ran_out: bool = False) -> None:
+    def end_replay(self, replay: Replay, failed: bool, ran_out: bool) -> None:
         """A replayed step ended. One that failed, or whose ops differed from the record,
         leaves the session unsettled: the next step runs with the engine (and is recorded
         if no plan covers it), and replays resume after one that follows this plan to its
@@ -367,7 +367,7 @@ class Planning:
             start.tuning, start.no_replay = None, f"a replay of it handed over: {replay.reason}"
 
     def end(self, run: PlanRun, recording: Recording | None, header: dict[str, Any],
-            failed: bool, recorder: StepRecorder | None = None, ran_out: bool = False) -> None:
+            failed: bool, recorder: StepRecorder | None, ran_out: bool) -> None:
         """A step ended: remember the plan it ended on; plan a recorded step that no plan
         covered, in the background. A step that ran out of the budget (``ran_out``) after
         following a plan drops that plan, so the next step runs dynamically and is recorded

@@ -224,7 +224,7 @@ class Session(TorchDispatchMode, ContextDecorator):
             self.optimizers.add(optimizer)
 
     def _end_planned_step(self, failed: bool, recorder: StepRecorder | None,
-                          ran_out: bool = False) -> None:
+                          ran_out: bool) -> None:
         """Hand the step to the session's planning, and its plan figures to the stats."""
         run, self.plan_run = self.plan_run, None
         assert run is not None and self.planning is not None
@@ -241,7 +241,7 @@ class Session(TorchDispatchMode, ContextDecorator):
         st.plan_source = run.source
         st.replay_reason = self._no_replay
 
-    def _end_replayed_step(self, failed: bool, ran_out: bool = False) -> None:
+    def _end_replayed_step(self, failed: bool, ran_out: bool) -> None:
         """Hand a replayed step to the session's planning, and its figures to the stats."""
         replay, self._replayed = self._replayed, None
         assert replay is not None and self.planning is not None
