@@ -138,6 +138,41 @@ def test_leaves_never_move_and_the_engine_refuses_to_move_one():
         eng._relocate([(x.storage, eng.allocator.layout()[-1])])
 
 
+def test_with_nothing_left_to_evict_it_compacts_the_pool_across_a_leaf():
+    """Leaf ``x``, then pinned activations of 20 B and holes of 10 B in two runs split by
+    leaf ``y``: 40 B free, 20 in each run, and a request of 30 B. No run can be emptied
+    (each of its storages is bigger than every hole outside it) and neither run's free bytes
+    cover the request, so the run would stop; the last resort compacts: ``a2`` slides down,
+    ``b1`` moves below ``y``, and the request gets the block ``b1`` left. DTR, which never
+    moves, stops."""
+    def layout(policy: str) -> tuple[Engine, list]:
+        eng = Engine(140, policy, "best-fit")
+        x = eng.put(10)
+        a1, h1, a2, h2 = (eng.apply(f"a{k}", [x], [n], cost=5.0)[0]
+                          for k, n in enumerate((20, 10, 20, 10)))
+        y = eng.put(10)
+        b1, h3, b2, h4 = (eng.apply(f"b{k}", [x], [n], cost=5.0)[0]
+                          for k, n in enumerate((20, 10, 20, 10)))
+        for t in (a1, a2, b1, b2):
+            eng.pin(t)
+        for t in (h1, h2, h3, h4):
+            eng.release(t)
+        assert [t.storage.block.addr for t in (x, a1, a2, y, b1, b2)] == [0, 10, 40, 70, 80, 110]
+        assert eng.allocator.largest_free_block() == 10 and eng.allocator.free_bytes == 40
+        return eng, [x, a1, a2, y, b1, b2]
+
+    eng, (x, a1, a2, y, b1, b2) = layout("dtr-compact")
+    (c,) = eng.apply("c", [x], [30], cost=5.0)
+    assert [t.storage.block.addr for t in (x, a1, a2, y, b1, c, b2)] == [0, 10, 30, 70, 50, 80,
+                                                                          110]
+    assert (eng.stats.moves, eng.stats.moved_bytes, eng.stats.evictions) == (2, 40, 0)
+    assert eng.peak_bytes <= 140
+    eng.allocator.check()
+    eng2, (x2, *_) = layout("dtr")
+    with pytest.raises(OutOfBudget, match="largest block"):
+        eng2.apply("c", [x2], [30], cost=5.0)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instrs=programs(), fraction=st.sampled_from([0.4, 0.5, 0.6, 0.75, 0.9]),
        allocator=st.sampled_from(["best-fit", "torch-caching", "segregated"]))
@@ -270,8 +305,10 @@ def test_pinned_state_at_the_top_and_sliding_complete_a_step_plain_best_fit_cann
     """An MLP whose parameters and gradients take most of the budget: the targets, adopted
     late, and the pinned gradients split the free bytes. With both at the top or moved, and
     the rest slid together when nothing is left to evict, the default completes at 0.95 of
-    the peak with exact gradients; without either it runs out of one free block, and so
-    does coop."""
+    the peak with exact gradients. Never sliding, it completes only by its last resort,
+    compacting the pool; on plain best fit, where the late targets land among the
+    activations and compaction cannot move them, it runs out of one free block, and so does
+    coop."""
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = [torch.nn.Linear(512, 768)]
     for _ in range(4):
@@ -297,8 +334,13 @@ def test_pinned_state_at_the_top_and_sliding_complete_a_step_plain_best_fit_cann
     assert session.stats.moves > 0 and session.stats.peak_bytes <= nbytes
     assert torch.equal(loss, ref[0])
     assert all(torch.equal(g, r) for g, r in zip(grads, ref[1], strict=True))
-    for policy, allocator in (("default", "best-fit"), ("dtr-compact-noslide", None),
-                              ("coop", None)):
+    model.load_state_dict(state)
+    with membudget.budget(nbytes, "dtr-compact-noslide") as session:
+        loss, grads = step()
+    assert session.stats.moves > 0 and session.stats.peak_bytes <= nbytes
+    assert torch.equal(loss, ref[0])
+    assert all(torch.equal(g, r) for g, r in zip(grads, ref[1], strict=True))
+    for policy, allocator in (("default", "best-fit"), ("coop", None)):
         model.load_state_dict(state)
         with (pytest.raises(membudget.BudgetTooSmallError, match="one free block"),
               membudget.budget(nbytes, policy, allocator=allocator)):

@@ -658,6 +658,8 @@ class Engine:
                     continue
                 if self._give_up_locks():
                     continue
+                if self._compact(s):
+                    break
                 raise OutOfBudget(op=op, request_bytes=alloc.block_bytes(s.nbytes),
                                   unevictable_bytes=alloc.used, budget_bytes=alloc.capacity,
                                   largest_free_bytes=alloc.largest_free_block(),
@@ -680,8 +682,7 @@ class Engine:
         cost, not the clock (no op ran), so the policy's staleness is as on a pool that
         needs no moves."""
         for s, _ in moves:
-            if not (s.resident and s.block is not None and s.tensors
-                    and s.tensors[0].producer is not None):
+            if not (s.resident and s.block is not None and s.movable):
                 raise EngineError(f"{s} cannot move: only resident computed storages can")
         into = [(s, hole) for s, hole in moves if hole is not None]
         if into:  # independent copies (sources and free blocks do not overlap): one launch
@@ -689,6 +690,19 @@ class Engine:
             self.allocator.relocate(into, self._copy_batched)
         if len(into) < len(moves):  # each slide depends on the one before: a launch each
             self.allocator.slide([s for s, hole in moves if hole is None], self._copy)
+
+    def _compact(self, s: Storage) -> bool:
+        """The last resort of a policy that moves storages, once nothing is left to evict
+        and no lock to give up: where the free bytes cover ``s`` but lie in pieces, compact
+        the pool (its movable storages down, in address order, see ``Allocator.compact``)
+        until ``s`` fits; did it? MegEngine's defragmentation, done only when the run would
+        otherwise stop: it copies much of the pool."""
+        alloc = self.allocator
+        if not (self.policy.relocates and alloc.compacts
+                and alloc.free_bytes >= alloc.block_bytes(s.nbytes)):
+            return False
+        alloc.compact(alloc.block_bytes(s.nbytes), self._copy)
+        return alloc.allocate(s)
 
     def _copy_batched(self, s: Storage) -> None:
         """As :meth:`_copy`, in the launch of the batch's first copy."""

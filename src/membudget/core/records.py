@@ -86,6 +86,14 @@ class Storage:
         return (p.size if p is not None and p.storage is None else 0) + (
             n.size if n is not None and n.storage is None else 0)
 
+    @property
+    def movable(self) -> bool:
+        """Can its bytes move to another block? If the engine computed it, pinned or not,
+        locked by the running op or not (an op reads its inputs when it runs, after room is
+        made); a leaf's memory is the program's (a parameter, a batch), and the bare
+        duplicate that a recomputation holds for a resident output has no tensors."""
+        return bool(self.tensors) and self.tensors[0].producer is not None
+
     def __repr__(self) -> str:
         state = "dead" if self.dead else "evicted" if self.evicted else (
             "swapped" if self.swapped else "resident" if self.resident else "new")

@@ -40,6 +40,7 @@ class Allocator(ABC):
     name: ClassVar[str] = ""
     has_layout: ClassVar[bool] = False
     keeps_pinned_apart: ClassVar[bool] = False  # pinned blocks kept together, away from the rest
+    compacts: ClassVar[bool] = False  # ``compact`` can gather the free bytes
 
     def __init__(self, capacity: float) -> None:
         if capacity < 0:
@@ -101,6 +102,14 @@ class Allocator(ABC):
         of a run of blocks gather after its storages. The new block overlaps the old one,
         so the copy goes through other memory: the caller leaves room for it."""
         raise NotImplementedError(f"the {self.name!r} allocator cannot move storages")
+
+    def compact(self, need: int, copy: Callable[[Storage], None]) -> None:
+        """Move the movable storages (``Storage.movable``), in address order, each down to
+        the lowest free block before it that holds it, else into the free block just before
+        it (as ``slide`` does, when the free bytes leave room for the copy), and ``copy``
+        their data, until a free block of ``need`` bytes exists or every one has been tried:
+        the free bytes gather at the tops of the runs between storages that cannot move."""
+        raise NotImplementedError(f"the {self.name!r} allocator cannot compact its pool")
 
     def layout(self, request: Storage | None = None) -> list[Block]:
         """Every block in address order; with ``request``, only those that could hold it."""

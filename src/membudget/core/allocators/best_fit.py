@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections.abc import Callable
+from itertools import islice
 
 from membudget.core.allocators.base import LayoutAllocator
 from membudget.core.allocators.block import Block
@@ -29,6 +30,7 @@ class BestFitAllocator(LayoutAllocator):
     freeing, on every op, bisect a list of ints and make no tuples."""
 
     name = "best-fit"
+    compacts = True
 
     def __init__(self, capacity: float) -> None:
         super().__init__(capacity)
@@ -176,6 +178,28 @@ class BestFitAllocator(LayoutAllocator):
             self.free(s)  # b merges into the hole before it, which keeps its block
             self._place(hole, s, low=True)
             copy(s)
+
+    def compact(self, need: int, copy: Callable[[Storage], None]) -> None:
+        movers = [b.storage for b in self.layout()
+                  if b.storage is not None and b.storage.movable]
+        holes, hole_at, shift = self._holes, self._hole_at, self._shift
+        addr_of = ((1 << shift) - 1).__and__  # a key's low bits are the address
+        for s in movers:
+            if self.largest_free_block() >= need:
+                return
+            b = s.block
+            assert b is not None
+            n = s.nbytes
+            below = [k for k in islice(holes, bisect_left(holes, n << shift), None)
+                     if addr_of(k) < b.addr]
+            if below:  # a lower free block holds it: carve it there, then free the old one
+                self._place(hole_at[min(below, key=addr_of)], s, low=True)
+                copy(s)
+                new, s.block = s.block, b
+                self.free(s)
+                s.block = new
+            elif b.prev is not None and b.prev.storage is None and self.free_bytes >= n:
+                self.slide([s], copy)
 
     def layout(self, request: Storage | None = None) -> list[Block]:
         out = []

@@ -25,7 +25,9 @@ chains; sliding at once pays for copies that one eviction would have saved. (``s
 slides only when nothing is left to evict, ``"never"`` never; ``fallback="window"`` evicts
 Coop's cheapest covering run instead of DTR's victim.) Its pool keeps pinned storages at the
 top (``segregated``), so that parameters adopted in the middle of a step do not split the
-activations' space.
+activations' space. When nothing is left to evict and no run gathers the request, the
+engine compacts the pool as a last resort (``Allocator.compact``), moving storages across the
+leaves that split it.
 """
 
 from __future__ import annotations
@@ -166,7 +168,7 @@ def _runs(blocks: list[Block], need: int, free_only: bool, room: int | None = No
     n = len(blocks)
     sizes = np.fromiter(map(_size, blocks), dtype=np.int64, count=n)
     free = np.array([b.storage is None for b in blocks])
-    movable = np.array([s is not None and _movable(s) and (room is None or s.nbytes <= room)
+    movable = np.array([s is not None and s.movable and (room is None or s.nbytes <= room)
                         for s in map(_storage, blocks)])
     segments = (None if blocks[0].segment == blocks[-1].segment else
                 np.fromiter(map(_segment, blocks), dtype=np.int64, count=n))
@@ -188,7 +190,7 @@ def emptying_moves(alloc: Allocator, blocks: list[Block], need: int,
     holes = [k for k, b in enumerate(blocks) if b.storage is None]
     for r in np.lexsort((starts, cost))[:tries].tolist():
         i, j = int(starts[r]), int(ends[r])
-        movers = [s for s in map(_storage, blocks[i: j + 1]) if s is not None and _movable(s)]
+        movers = [s for s in map(_storage, blocks[i: j + 1]) if s is not None and s.movable]
         plan = _fit(alloc, blocks, [k for k in holes if k < i or k > j], movers)
         if plan is not None:
             return plan
@@ -224,7 +226,7 @@ def evacuating_moves(alloc: Allocator, blocks: list[Block],
     loads = []
     for ks in segments.values():
         owners = [s for s in (blocks[k].storage for k in ks) if s is not None]
-        if owners and all(_movable(s) for s in owners):  # (idle ones are counted already)
+        if owners and all(s.movable for s in owners):  # (idle ones are counted already)
             loads.append((sum(blocks[k].size for k in ks if blocks[k].storage is not None),
                           -sum(blocks[k].size for k in ks), ks))
     loads.sort(key=lambda x: (x[0], x[1]))
@@ -241,14 +243,6 @@ def evacuating_moves(alloc: Allocator, blocks: list[Block],
     movers = [s for s in (blocks[k].storage for k in sorted(chosen)) if s is not None]
     plan = _fit(alloc, blocks, holes, movers)
     return plan or []
-
-
-def _movable(s: Storage) -> bool:
-    """Can ``s`` move? Every storage the engine computed can, pinned or not, locked by the
-    running op or not (an op reads its inputs when it runs, after room is made); a leaf the
-    program put in (a parameter, a batch) never does, its memory being the program's, nor
-    does the bare duplicate a recomputation holds for an output that is still resident."""
-    return bool(s.tensors) and s.tensors[0].producer is not None
 
 
 def _fit(alloc: Allocator, blocks: list[Block], holes: list[int],
