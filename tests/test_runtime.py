@@ -10,6 +10,7 @@ within the budget; where it does not, the error must say what was needed.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import warnings
@@ -231,6 +232,37 @@ def test_a_budget_too_small_names_the_op_and_leaves_the_process_usable():
     assert err.value.needed_bytes > params + 80_000
     loss, _ = run(model, loss_fn, state, 10**9, "dtr")  # a new session works
     assert_same(model, loss, ref)
+
+
+def test_an_optimizers_state_is_adopted_at_once_and_named_when_it_does_not_fit():
+    """AdamW's state (made in an earlier step) enters before it steps, in one run: where
+    parameters, gradients and the state cannot all be held, the error names the optimizer and
+    the bytes of all its state; a session with room then steps as eager does."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
+    ref = copy.deepcopy(model)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref)]
+    x = torch.randn(1, 256)
+    for m, opt in zip((model, ref), opts, strict=True):
+        m(x).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    params = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    moments = sum(v.untyped_storage().nbytes() for per in opts[0].state.values()
+                  for v in per.values())
+    assert moments > 2 * params  # the two moments and the step counts
+    with (pytest.raises(BudgetTooSmallError, match=r"adopting the state of AdamW") as err,
+          membudget.budget(3 * params, "dtr")):
+        model(x).sum().backward()
+        opts[0].step()
+    assert err.value.request_bytes == moments
+    opts[0].zero_grad(set_to_none=True)
+    for m, opt, budget in ((model, opts[0], 5 * params), (ref, opts[1], None)):
+        with membudget.budget(budget) if budget else contextlib.nullcontext():
+            m(x).sum().backward()
+            opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(),
+                                                 strict=True))
 
 
 def test_a_mode_entered_inside_the_session_does_not_stop_it_adopting_the_model():

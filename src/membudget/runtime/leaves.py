@@ -4,8 +4,10 @@ A plain tensor that reaches an op (a parameter, a buffer, an input, a tensor mad
 session) enters the engine as a pinned leaf: one leaf per real storage, and the other views
 of that storage as views of it (DDP's bucket views, say). Just before a module first runs in
 the session, all its parameters and buffers enter together, ahead of the activations they
-would otherwise be interleaved with: a layout-aware pool then keeps them in one run of blocks
-instead of scattering barriers that fragment it.
+would otherwise be interleaved with, and just before an optimizer first steps in the session,
+all its state (made in an earlier step) does: room is made for all of them at once, so that
+a layout-aware pool keeps them in one run of blocks instead of scattering barriers that
+fragment it.
 
 A leaf's storage may also be resized in place by no op (FSDP frees its all-gathered
 parameters so, and reallocates them): ``resized`` counts its bytes as they are, and while it
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import (
     _get_current_dispatch_mode_stack,
     is_traceable_wrapper_subclass,
@@ -41,19 +44,21 @@ if TYPE_CHECKING:
 
 class Leaves:
     """The leaves of one session: by storage, dtype and view (``handle``), and the modules
-    whose state was adopted."""
+    and optimizers whose state was adopted."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
         self.by_view: dict[tuple, tuple[torch.Tensor, Tensor]] = {}
         self.bases: dict[int, Tensor] = {}  # real storage -> its leaf
-        self.adopted: set[int] = set()  # ids of the modules whose state was adopted
-        self._hook = register_module_forward_pre_hook(self._adopt_module)
+        self.adopted: set[int] = set()  # ids of the modules and optimizers adopted
+        self._hooks = [register_module_forward_pre_hook(self._adopt_module),
+                       register_optimizer_step_pre_hook(self._adopt_optimizer)]
         self._grad_hooks: list[Any] = []
         self.freed: dict[int, torch.Tensor] = {}  # engine tensor id -> its value, while freed
 
     def close(self) -> None:
-        self._hook.remove()
+        for hook in self._hooks:
+            hook.remove()
         for hook in self._grad_hooks:
             hook.remove()
         self._grad_hooks = []
@@ -160,25 +165,64 @@ class Leaves:
     def _adopt_module(self, module: torch.nn.Module, args: Any) -> None:
         """Before a module first runs in the session, adopt all its parameters and buffers
         (its submodules' included)."""
+        if self._adopts(module):
+            self.adopted.update(id(m) for m in module.modules())
+            self._adopt_together([*module.parameters(), *module.buffers()],
+                                 f"the parameters and buffers of {type(module).__name__}")
+
+    def _adopt_optimizer(self, optimizer: torch.optim.Optimizer, args: Any,
+                         kwargs: Any) -> None:
+        """Before an optimizer first steps in the session, adopt all its state on its
+        parameters' devices (moments, step counts), made in an earlier step: tensor by
+        tensor, as the step reads it, each would land in a hole the step's temporaries left,
+        and these leaves, which nothing can move, would split the pool."""
+        if self._adopts(optimizer):
+            self.adopted.add(id(optimizer))
+            self._adopt_together([v for p, per in optimizer.state.items()
+                                  for v in per.values()
+                                  if isinstance(v, torch.Tensor) and v.device == p.device],
+                                 f"the state of {type(optimizer).__name__}")
+
+    def _adopts(self, owner: object) -> bool:
+        """Is ``owner`` (a module, an optimizer) about to run in this thread's session for
+        the first time, outside a replay? (The hooks are global: not this thread's session,
+        which may have modes on top, a recorder or a meter; a replay meters.)"""
         session = self.session
-        if (id(module) in self.adopted or session.replay is not None
-                or session not in _get_current_dispatch_mode_stack()):
-            return  # (the hook is global: not this thread's session, which may have modes
-            # on top, a recorder or a meter; a replay meters)
-        self.adopted.update(id(m) for m in module.modules())
-        state = [y for x in (*module.parameters(), *module.buffers()) for y in _inner(x)]
+        return (id(owner) not in self.adopted and session.replay is None
+                and session in _get_current_dispatch_mode_stack())
+
+    def _adopt_together(self, tensors: list[torch.Tensor], what: str) -> None:
+        """Adopt ``tensors`` in one run of blocks: room is made for all of them at once (a
+        block of their bytes, taken and given back), then each takes its place; if the
+        budget runs out, the error names ``what`` and asks for the bytes still to adopt."""
+        state = [y for x in tensors for y in _inner(x)]
+        session = self.session
+        eng, rec = session.engine, session.recording
+        assert eng is not None
+        todo: dict[int, int] = {}  # real storage -> bytes, of those not adopted yet
+        for y in state:
+            try:
+                st = y.untyped_storage()
+            except NotImplementedError:  # (no storage: ``handle`` says which, and the fix)
+                todo = {}
+                break
+            if st._cdata not in self.bases:
+                todo[st._cdata] = st.nbytes()
 
         def adopt_all() -> None:
-            for k, x in enumerate(state):
-                try:
+            try:
+                if sum(todo.values()):  # (a block for them, so that they land together)
+                    room = eng.put(sum(todo.values()), "room")
+                    rec.put(room, "room")
+                    rec.release(room)
+                    eng.release(room)
+                for x in state:
                     self.adopt((x,))
-                except OutOfBudget as e:  # say what was adopted, and all that it needs
-                    rest = {y.untyped_storage()._cdata: y.untyped_storage().nbytes()
-                            for y in state[k + 1:]}
-                    rest.pop(x.untyped_storage()._cdata, None)  # counted in the request
-                    e.op = f"adopting the parameters and buffers of {type(module).__name__}"
-                    e.request_bytes += sum(n for w, n in rest.items() if w not in self.bases)
-                    raise
+                    todo.pop(x.untyped_storage()._cdata, None)
+            except OutOfBudget as e:  # say what it was adopting, and all that it needs
+                e.op = f"adopting {what}"
+                e.request_bytes = sum(todo.values())
+                raise
 
         from membudget.runtime.session import _below
 
