@@ -53,7 +53,7 @@ ABLATIONS = {  # dtr-compact on its own pool (segregated best fit), changed in o
                                "(gradients and their temporaries) packed from the top with "
                                "the pinned ones, forward's activations from the bottom",
     "dtr-compact-1run": "only the run with the fewest bytes to move is checked for room",
-    "dtr-compact-noslide": "nothing slid together, even when nothing is left to evict",
+    "dtr-compact-noslide": "no run slid together; only the last resort, compacting the pool",
     "dtr-compact-lastslide": "a run slid together only when nothing is left to evict, "
                              "not once DTR's victims have cost the slide's price",
     "dtr-compact-window": "where no run can be emptied by moves, Coop's cheapest window "
