@@ -698,10 +698,10 @@ class Engine:
         until ``s`` fits; did it? MegEngine's defragmentation, done only when the run would
         otherwise stop: it copies much of the pool."""
         alloc = self.allocator
-        if not (self.policy.relocates and alloc.compacts
-                and alloc.free_bytes >= alloc.block_bytes(s.nbytes)):
+        need = alloc.block_bytes(s.nbytes)
+        if not (self.policy.relocates and alloc.compacts and alloc.free_bytes >= need):
             return False
-        alloc.compact(alloc.block_bytes(s.nbytes), self._copy)
+        alloc.compact(need, self._copy)
         return alloc.allocate(s)
 
     def _copy_batched(self, s: Storage) -> None:

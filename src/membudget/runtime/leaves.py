@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import (
     _get_current_dispatch_mode_stack,
     is_traceable_wrapper_subclass,
@@ -51,14 +50,12 @@ class Leaves:
         self.by_view: dict[tuple, tuple[torch.Tensor, Tensor]] = {}
         self.bases: dict[int, Tensor] = {}  # real storage -> its leaf
         self.adopted: set[int] = set()  # ids of the modules and optimizers adopted
-        self._hooks = [register_module_forward_pre_hook(self._adopt_module),
-                       register_optimizer_step_pre_hook(self._adopt_optimizer)]
+        self._hook = register_module_forward_pre_hook(self._adopt_module)
         self._grad_hooks: list[Any] = []
         self.freed: dict[int, torch.Tensor] = {}  # engine tensor id -> its value, while freed
 
     def close(self) -> None:
-        for hook in self._hooks:
-            hook.remove()
+        self._hook.remove()
         for hook in self._grad_hooks:
             hook.remove()
         self._grad_hooks = []
@@ -170,12 +167,12 @@ class Leaves:
             self._adopt_together([*module.parameters(), *module.buffers()],
                                  f"the parameters and buffers of {type(module).__name__}")
 
-    def _adopt_optimizer(self, optimizer: torch.optim.Optimizer, args: Any,
-                         kwargs: Any) -> None:
-        """Before an optimizer first steps in the session, adopt all its state on its
-        parameters' devices (moments, step counts), made in an earlier step: tensor by
-        tensor, as the step reads it, each would land in a hole the step's temporaries left,
-        and these leaves, which nothing can move, would split the pool."""
+    def adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Before an optimizer first steps in the session (the session's step hook calls
+        this), adopt all its state on its parameters' devices (moments, step counts), made
+        in an earlier step: tensor by tensor, as the step reads it, each would land in a hole
+        the step's temporaries left, and these leaves, which nothing can move, would split
+        the pool."""
         if self._adopts(optimizer):
             self.adopted.add(id(optimizer))
             self._adopt_together([v for p, per in optimizer.state.items()
@@ -211,8 +208,9 @@ class Leaves:
 
         def adopt_all() -> None:
             try:
-                if sum(todo.values()):  # (a block for them, so that they land together)
-                    room = eng.put(sum(todo.values()), "room")
+                total = sum(todo.values())
+                if total:  # (a block for them, so that they land together)
+                    room = eng.put(total, "room")
                     rec.put(room, "room")
                     rec.release(room)
                     eng.release(room)

@@ -219,9 +219,11 @@ class Session(TorchDispatchMode, ContextDecorator):
             self.trace(self.record)
 
     def _stepping(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        """Note an optimizer stepping in this session's thread (a global pre-step hook)."""
+        """Note an optimizer stepping in this session's thread (a global pre-step hook), and
+        adopt its state before it steps."""
         if threading.get_ident() == self.thread:
             self.optimizers.add(optimizer)
+            self.leaves.adopt_optimizer(optimizer)
 
     def _end_planned_step(self, failed: bool, recorder: StepRecorder | None,
                           ran_out: bool) -> None:
