@@ -173,6 +173,34 @@ def test_with_nothing_left_to_evict_it_compacts_the_pool_across_a_leaf():
         eng2.apply("c", [x2], [30], cost=5.0)
 
 
+def test_a_leaf_taken_in_late_goes_beside_the_pinned_state_the_values_in_its_way_moved():
+    """A segregated pool of 100 B: leaf ``x`` at the top, values ``a``, ``b``, ``c`` from the
+    bottom, ``b`` released: holes of 30 B (``b``'s) and of 10 B (between ``c`` and ``x``). A
+    leaf ``y`` of 20 B arrives. Placed in the topmost hole that holds it, it would split the
+    free bytes into two holes of 10 B; the default moves ``c`` to the low end of ``b``'s hole
+    and puts ``y`` beside ``x``, so the 20 B left are one block and a value of 20 B fits
+    with no eviction. DTR, which never moves, splits them and must evict."""
+    def late_leaf(policy: str) -> tuple[Engine, list]:
+        eng = Engine(100, policy, "segregated")
+        x = eng.put(10)
+        a, b, c = (eng.apply(f"v{k}", [x], [n], cost=5.0)[0] for k, n in enumerate((30, 30, 20)))
+        eng.release(b)
+        assert [t.storage.block.addr for t in (a, c, x)] == [0, 60, 90]
+        return eng, [x, a, c, eng.put(20)]
+
+    eng, (x, a, c, y) = late_leaf("dtr-compact")
+    assert [t.storage.block.addr for t in (a, c, y, x)] == [0, 30, 70, 90]
+    assert (eng.stats.moves, eng.stats.moved_bytes) == (1, 20)
+    assert eng.allocator.largest_free_block() == 20
+    eng.apply("d", [y], [20], cost=5.0)
+    assert eng.stats.evictions == 0
+    eng.allocator.check()
+    eng2, (_, _, _, y2) = late_leaf("dtr")
+    assert y2.storage.block.addr == 40 and eng2.allocator.largest_free_block() == 10
+    eng2.apply("d", [y2], [20], cost=5.0)
+    assert eng2.stats.evictions > 0
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instrs=programs(), fraction=st.sampled_from([0.4, 0.5, 0.6, 0.75, 0.9]),
        allocator=st.sampled_from(["best-fit", "torch-caching", "segregated"]))
@@ -384,6 +412,50 @@ def test_an_rwkv_trained_with_adamw_completes_where_dtr_eq_does():
             loss.backward()
             opt.step()
         assert meter.peak_bytes <= nbytes and loss.item() == losses[k]
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(),
+                                                 strict=True))
+
+
+def test_a_segformer_completes_where_dtr_eq_does_its_labels_beside_the_parameters():
+    """A transformers Segformer with AdamW, a new default session per step, at 0.6 of its
+    eager peak, where dtr-eq completes. Its per-pixel labels (256 KiB) are read only by the
+    loss, at the end of the forward pass, when the session takes them in: they landed in
+    the middle of the activations and split the free bytes into two blocks too small for
+    a 2 MiB gradient, and the run stopped. A leaf now goes beside the pinned state, the
+    values in its way moved aside. Losses and parameters stay bitwise eager's, and the meter
+    within the budget."""
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+
+    torch.manual_seed(0)
+    cfg = SegformerConfig(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 96],
+                          decoder_hidden_size=64, num_labels=5)
+    model = SegformerForSemanticSegmentation._from_config(cfg).train()
+    g = torch.Generator().manual_seed(1)
+    pixels, labels = torch.randn(2, 3, 128, 128, generator=g), torch.randint(0, 5, (2, 128, 128),
+                                                                              generator=g)
+    ref = copy.deepcopy(model)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses, peak = [], 0
+    for k in range(3):
+        ref_opt.zero_grad(set_to_none=True)
+        torch.manual_seed(k)  # (stochastic depth draws in every step)
+        with StorageMeter() as meter:
+            loss = ref(pixel_values=pixels, labels=labels).loss
+            loss.backward()
+        ref_opt.step()
+        losses.append(loss.item())
+        peak = peak or meter.peak_bytes
+    nbytes = int(peak * 0.6)
+    for k in range(3):
+        opt.zero_grad(set_to_none=True)
+        torch.manual_seed(k)
+        with StorageMeter() as meter, membudget.budget(nbytes) as session:
+            loss = model(pixel_values=pixels, labels=labels).loss
+            loss.backward()
+        opt.step()
+        assert meter.peak_bytes <= nbytes and loss.item() == losses[k]
+        assert session.stats.evictions > 0
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(),
                                                  strict=True))
 

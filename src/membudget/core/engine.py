@@ -165,7 +165,9 @@ class Engine:
 
     # ------------------------------------------------------------------ the four commands
     def put(self, nbytes: int, kind: str = "leaf") -> Tensor:
-        """A leaf enters (parameter, input, constant): pinned, counted, one program reference."""
+        """A leaf enters (parameter, input, constant): pinned, counted, one program reference.
+        Kind "value" is a value of the step made outside the engine (by a replay that
+        handed the step over): unlike the state, it has no place beside the pinned ones."""
         if nbytes < 0:
             raise EngineError(f"a tensor cannot have {nbytes} bytes")
         s = Storage(self._next_id(), int(nbytes), kind)
@@ -174,6 +176,9 @@ class Engine:
             self._pinned.append(s)
         t = Tensor(self._next_id(), s, None, alias=False)
         s.tensors.append(t)
+        if self.policy.relocates and kind != "value":  # clear its place, if the pool has one
+            self._batch_open = False  # (the values in the way move in one launch)
+            self.allocator.make_way(s.nbytes, self._copy_batched)
         self._allocate(s, f"taking in a {kind} of {int(nbytes):,} B")  # (the error names it)
         self._placed(s)
         t.defined = True

@@ -81,7 +81,9 @@ class Leaves:
         assert eng is not None
         base = self.bases.get(where)
         if base is None or executor.values[base.id].dtype != x.dtype:
-            kind = "parameter" if isinstance(x, torch.nn.Parameter) else "leaf"
+            replayed = session._replayed  # (a value it made: the step's, not state)
+            kind = ("parameter" if isinstance(x, torch.nn.Parameter) else
+                    "value" if replayed is not None and replayed.made(x) else "leaf")
             h = eng.put(st.nbytes(), kind)
             h.meta = meta_of(x)
             rec.put(h, kind)

@@ -664,6 +664,11 @@ class Replay:
         self.redoing = False
         self.redo_bytes = 0
 
+    def made(self, x: torch.Tensor) -> bool:
+        """Did this step's ops (or a recomputation of them) make ``x``?"""
+        hit = self._ids.get(id(x))
+        return hit is not None and hit[1]() is x
+
     # ------------------------------------------------------------------ the meter
     # (StorageMeter counts the same way; this is its own code, so that the meter that checks
     # a replay's memory shares nothing with it)

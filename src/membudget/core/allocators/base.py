@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from bisect import bisect_left, insort
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -87,6 +88,10 @@ class Allocator(ABC):
         bytes is carved from it (the rest of the hole, unless the pool would not split it)."""
         return left - size
 
+    def make_way(self, nbytes: int, copy: Callable[[Storage], None]) -> None:
+        """Before a leaf of ``nbytes`` is placed: move storages out of the place where it
+        belongs, and ``copy`` each; nothing here (a pool with no such place)."""
+
     def relocate(self, moves: list[tuple[Storage, Block]],
                  copy: Callable[[Storage], None]) -> None:
         """Move each resident storage to a new block carved from the high end of its free
@@ -162,3 +167,22 @@ class LayoutAllocator(Allocator):
         for s in pool.items:
             if s not in stale:
                 assert pool.free_adj[s.slot] == s.free_adj, f"unmarked free_adj of {s}"
+
+
+def fit_into(alloc: Allocator, blocks: list[Block], holes: list[int],
+             movers: list[Storage]) -> list[tuple[Storage, Block]] | None:
+    """Best fit, largest first, of ``movers`` into the free blocks ``blocks[k]`` for ``k``
+    in ``holes``; None if one fits nowhere."""
+    left = sorted((blocks[k].size, k) for k in holes)
+    plan = []
+    for s in sorted(movers, key=lambda s: -s.nbytes):
+        size = alloc.block_bytes(s.nbytes)
+        at = bisect_left(left, (size, -1))
+        if at == len(left):
+            return None
+        room, k = left.pop(at)
+        plan.append((s, blocks[k]))
+        room = alloc.left_after(blocks[k], room, size)
+        if room:
+            insort(left, (room, k))
+    return plan

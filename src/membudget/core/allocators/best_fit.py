@@ -157,11 +157,12 @@ class BestFitAllocator(LayoutAllocator):
         self._mark_beside(b)
 
     def relocate(self, moves: list[tuple[Storage, Block]],
-                 copy: Callable[[Storage], None]) -> None:
+                 copy: Callable[[Storage], None], low: bool = False) -> None:
+        """(``low``: each carved from the low end of its hole instead.)"""
         old = []
         for s, hole in moves:
             old.append(s.block)
-            self._place(hole, s, low=False)  # the hole keeps its block (unless used up)
+            self._place(hole, s, low)  # the hole keeps its block (unless used up)
         for s, _ in moves:
             copy(s)
         for (s, _), was in zip(moves, old, strict=True):

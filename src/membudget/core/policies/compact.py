@@ -32,12 +32,11 @@ leaves that split it.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
 from operator import attrgetter
 
 import numpy as np
 
-from membudget.core.allocators.base import Allocator
+from membudget.core.allocators.base import Allocator, fit_into
 from membudget.core.allocators.block import Block
 from membudget.core.policies.coop import cheapest_eviction_window, covering_runs
 from membudget.core.policies.dtr import DTR
@@ -191,7 +190,7 @@ def emptying_moves(alloc: Allocator, blocks: list[Block], need: int,
     for r in np.lexsort((starts, cost))[:tries].tolist():
         i, j = int(starts[r]), int(ends[r])
         movers = [s for s in map(_storage, blocks[i: j + 1]) if s is not None and s.movable]
-        plan = _fit(alloc, blocks, [k for k in holes if k < i or k > j], movers)
+        plan = fit_into(alloc, blocks, [k for k in holes if k < i or k > j], movers)
         if plan is not None:
             return plan
     return []
@@ -241,24 +240,5 @@ def evacuating_moves(alloc: Allocator, blocks: list[Block],
         return []
     holes = [k for k, b in enumerate(blocks) if b.storage is None and k not in chosen]
     movers = [s for s in (blocks[k].storage for k in sorted(chosen)) if s is not None]
-    plan = _fit(alloc, blocks, holes, movers)
+    plan = fit_into(alloc, blocks, holes, movers)
     return plan or []
-
-
-def _fit(alloc: Allocator, blocks: list[Block], holes: list[int],
-         movers: list[Storage]) -> list[tuple[Storage, Block]] | None:
-    """Best fit, largest first, of ``movers`` into the free blocks ``holes``; None if one
-    fits nowhere."""
-    left = sorted((blocks[k].size, k) for k in holes)
-    plan = []
-    for s in sorted(movers, key=lambda s: -s.nbytes):
-        size = alloc.block_bytes(s.nbytes)
-        at = bisect_left(left, (size, -1))
-        if at == len(left):
-            return None
-        room, k = left.pop(at)
-        plan.append((s, blocks[k]))
-        room = alloc.left_after(blocks[k], room, size)
-        if room:
-            insort(left, (room, k))
-    return plan
