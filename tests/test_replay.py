@@ -144,6 +144,47 @@ def test_replayed_steps_are_bitwise_eager_within_the_budget(make, inputs, ratio)
         assert any(nodes[n].wrote for n in ops) and any(nodes[n].rerun for n in ops)
 
 
+def test_a_segformers_replays_forecast_what_the_model_holds_past_its_last_read():
+    """A transformers Segformer, planned, AdamW, at 0.6 of its eager peak. Its encoder keeps
+    each stage's output in a list until its forward pass returns, long after the last op
+    reading it. The forecast let a dropped value go at that last read, so it put the
+    replay's peak 229 KB under the metered one: the first replay handed its step over and
+    ran out of the budget. The record now notes when the program lets a value go, apart
+    from autograd; replays then fit, their forecast is the metered peak, and every step is
+    bitwise eager's."""
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+
+    torch.manual_seed(0)
+    cfg = SegformerConfig(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 96],
+                          decoder_hidden_size=64, num_labels=5)
+    model = SegformerForSemanticSegmentation._from_config(cfg).train()
+    g = torch.Generator().manual_seed(1)
+    pixels, labels = torch.randn(2, 3, 128, 128, generator=g), torch.randint(0, 5, (2, 128, 128),
+                                                                              generator=g)
+
+    def loss_fn(out):
+        return nn.functional.cross_entropy(
+            nn.functional.interpolate(out.logits, size=labels.shape[-2:], mode="bilinear"),
+            labels)
+
+    ref = Trainer(model, lambda i: pixels)
+    budget = int(0.6 * ref.step(0, loss_fn)[2])
+    ref = Trainer(copy.deepcopy(model), lambda i: pixels)
+    session = membudget.budget(budget, mode="planned")
+    got = Trainer(copy.deepcopy(model), lambda i: pixels, session)
+    replayed = 0
+    for i in range(6):
+        out = got.step(i, loss_fn)
+        assert_same(out, ref.step(i, loss_fn))
+        assert out[2] <= budget
+        st = session.stats
+        if st.replayed_ops:
+            assert st.replay_handed_over_at is None and st.replay_dropped > 0
+            assert abs(st.replay_forecast_bytes - out[2]) <= 0.01 * budget
+            replayed += 1
+    assert replayed >= 2
+
+
 def test_a_step_whose_ops_differ_is_handed_to_the_engine_then_replays_resume():
     budget = budget_of(mlp, batch, 0.6)
     ref = Trainer(mlp(), batch)

@@ -49,7 +49,7 @@ from membudget.runtime.call import (
 )
 from membudget.runtime.classify import op_info
 from membudget.runtime.flat import NO_KWARGS, SEQUENCES, flatten, flatten_result, unflatten
-from membudget.runtime.tensor import RematTensor
+from membudget.runtime.tensor import RematTensor, wrap
 
 if TYPE_CHECKING:
     from membudget.runtime.session import Session
@@ -102,8 +102,9 @@ def _is_param(x: torch.Tensor) -> bool:
     return isinstance(x, torch.nn.Parameter)
 
 
-# events of a recorded step, in the order they happened (their index is their time)
-OP, DIE, UNPACK = 0, 1, 2
+# events of a recorded step, in the order they happened (their index is their time): a value
+# is LET_GO when the program holds it no more (autograd may), and DIEs when nothing does
+OP, DIE, UNPACK, LET_GO = 0, 1, 2, 3
 
 
 class StepRecorder(TorchDispatchMode):
@@ -119,21 +120,31 @@ class StepRecorder(TorchDispatchMode):
         self.storage: dict[Key, int] = {}  # an id of the storage each value lives in
         self.layout: dict[Key, Layout] = {}  # each strided value's place in its storage
         self.writes: list[tuple[int, int]] = []  # (op, storage) of each write
-        self.events: list[tuple[int, Any]] = []  # (OP, n), (DIE, key), (UNPACK, pack index)
+        self.events: list[tuple[int, Any]] = []  # (OP, n), (DIE, key), (UNPACK, pack index),
+        # (LET_GO, key)
         self.outside: dict[int, tuple[int, int]] = {}  # storage id -> (first event, bytes)
         self._ids: dict[int, tuple[Key, weakref.ref]] = {}
+        self._saved: set[int] = set()  # ids of the objects of values autograd saved
         self._objects: dict[Key, int] = {}  # a value's tensor objects still alive
+        self._program: dict[Key, int] = {}  # those of them autograd did not save
         self._rekeyed: list[weakref.ref] = []
 
     def find(self, x: torch.Tensor) -> Key | None:
         hit = self._ids.get(id(x))
         return hit[0] if hit is not None and hit[1]() is x else None
 
-    def _track(self, x: torch.Tensor, key: Key) -> None:
-        """``x`` holds ``key``: the value dies (an event) when its last such object does."""
-        objects = self._objects
+    def _track(self, x: torch.Tensor, key: Key, saved: bool = False) -> None:
+        """``x`` holds ``key``: the value dies (an event) when its last such object does, and
+        is let go when its last one not ``saved`` for autograd does."""
+        objects, program = self._objects, self._program
 
-        def gone(_: object, key: Key = key) -> None:
+        def gone(_: object, key: Key = key, saved: bool = saved, i: int = id(x)) -> None:
+            if saved:
+                self._saved.discard(i)
+            else:
+                program[key] -= 1
+                if program[key] == 0:
+                    self.events.append((LET_GO, key))
             left = objects[key] = objects[key] - 1
             if left == 0:
                 self.events.append((DIE, key))
@@ -143,6 +154,10 @@ class StepRecorder(TorchDispatchMode):
             self._rekeyed.append(old[1])  # (so that its callback still comes)
         self._ids[id(x)] = (key, weakref.ref(x, gone))
         objects[key] = objects.get(key, 0) + 1
+        if saved:
+            self._saved.add(id(x))
+        else:
+            program[key] = program.get(key, 0) + 1
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
@@ -152,8 +167,9 @@ class StepRecorder(TorchDispatchMode):
             return out
         if func is _detach:  # (autograd adds some of its own: the same value)
             key = self.find(args[0])
-            if key is not None and isinstance(out, torch.Tensor):
-                self._track(out, key)
+            if key is not None and isinstance(out, torch.Tensor):  # (unpacking, autograd
+                # detaches what it saved)
+                self._track(out, key, saved=id(args[0]) in self._saved)
             return out
         n = len(self.nodes)
         events = self.events
@@ -219,7 +235,13 @@ class StepRecorder(TorchDispatchMode):
         return out
 
     def pack(self, x: torch.Tensor) -> tuple[int, torch.Tensor]:
-        self.packs.append(self.find(x))
+        """Autograd saves another wrapper of the value (the same program reference), so
+        that the program's letting go of it shows (see :data:`LET_GO`)."""
+        key = self.find(x)
+        self.packs.append(key)
+        if key is not None and type(x) is RematTensor:
+            x = wrap(x, x._ref)
+            self._track(x, key, saved=True)
         return len(self.packs) - 1, x
 
     def unpack(self, saved: tuple[int, torch.Tensor]) -> torch.Tensor:
@@ -310,6 +332,7 @@ class ReplayPlan:
         self.end = end = len(events) + 1
         op_at = [0] * len(self.nodes)
         self.died: dict[Key, int] = {}
+        self.let_go: dict[Key, int] = {}
         self.unpacked: list[tuple[int, Key]] = []  # (event, value), in order
         reads: dict[Key, list[int]] = {}
         # for each event, the first unpack after it with an op between (the next node's)
@@ -331,6 +354,8 @@ class ReplayPlan:
                         reads.setdefault(s.key, []).append(t)
             elif kind == DIE:
                 self.died[x] = t
+            elif kind == LET_GO:
+                self.let_go[x] = t
             else:
                 key = self.packs[x]
                 if key is not None:
@@ -343,9 +368,12 @@ class ReplayPlan:
             first.setdefault(k, t)
             last[k] = t
         self.first_unpack, self.last_unpack = first, last
-        # a dropped value goes when the forward pass last reads it
-        self.forward_end = {k: max([t for t in reads.get(k, ()) if t < first.get(k, end)],
-                                   default=self.made[k]) + 1 for k in rec.nbytes}
+        # a dropped value goes when the forward pass last reads it, once the program has let
+        # it go (a module may hold its output longer: a list of every layer's)
+        let_go = self.let_go
+        self.forward_end = {k: max(max([t for t in reads.get(k, ()) if t < first.get(k, end)],
+                                       default=self.made[k]) + 1, let_go.get(k, end))
+                            for k in rec.nbytes}
         # storages: the values in each (a value and its views), its bytes, the op that made
         # it; outside tensors live throughout
         self.group = rec.storage
@@ -366,12 +394,13 @@ class ReplayPlan:
         self.outside_bytes = [(t, b) for t, b in rec.outside.values()]
 
     def _droppable(self, k: Key) -> bool:
-        """Dropping ``k`` (a value or a view of one) can free memory only if autograd was
-        what held it until the backward: it died when the node that last unpacked it ended."""
+        """Dropping ``k`` (a value or a view of one) can free memory only if autograd alone
+        held it until the backward: the program let it go before its first unpack, and it
+        died when the node that last unpacked it ended."""
         if self.size[self.group[k]] <= 0 or k in self.tainted or k not in self.first_unpack:
             return False
-        died = self.died.get(k, self.end)
-        return self.first_unpack[k] < died <= self.after[self.last_unpack[k]]
+        died, first = self.died.get(k, self.end), self.first_unpack[k]
+        return self.let_go.get(k, self.end) < first < died <= self.after[self.last_unpack[k]]
 
     def closure(self, key: Key, dropped: set[Key]) -> Closure | None:
         """How ``key`` is recomputed when the values in ``dropped`` are gone; None if it
