@@ -416,6 +416,20 @@ def test_an_rwkv_trained_with_adamw_completes_where_dtr_eq_does():
                                                  strict=True))
 
 
+def segformer() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """A small transformers Segformer in training mode (stochastic depth draws in every
+    step), and a batch of images with their per-pixel labels."""
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+
+    torch.manual_seed(0)
+    cfg = SegformerConfig(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 96],
+                          decoder_hidden_size=64, num_labels=5)
+    model = SegformerForSemanticSegmentation._from_config(cfg).train()
+    g = torch.Generator().manual_seed(1)
+    return (model, torch.randn(2, 3, 128, 128, generator=g),
+            torch.randint(0, 5, (2, 128, 128), generator=g))
+
+
 def test_a_segformer_completes_where_dtr_eq_does_its_labels_beside_the_parameters():
     """A transformers Segformer with AdamW, a new default session per step, at 0.6 of its
     eager peak, where dtr-eq completes. Its per-pixel labels (256 KiB) are read only by the
@@ -424,15 +438,7 @@ def test_a_segformer_completes_where_dtr_eq_does_its_labels_beside_the_parameter
     a 2 MiB gradient, and the run stopped. A leaf now goes beside the pinned state, the
     values in its way moved aside. Losses and parameters stay bitwise eager's, and the meter
     within the budget."""
-    from transformers import SegformerConfig, SegformerForSemanticSegmentation
-
-    torch.manual_seed(0)
-    cfg = SegformerConfig(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 96],
-                          decoder_hidden_size=64, num_labels=5)
-    model = SegformerForSemanticSegmentation._from_config(cfg).train()
-    g = torch.Generator().manual_seed(1)
-    pixels, labels = torch.randn(2, 3, 128, 128, generator=g), torch.randint(0, 5, (2, 128, 128),
-                                                                              generator=g)
+    model, pixels, labels = segformer()
     ref = copy.deepcopy(model)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -14,6 +14,7 @@ import copy
 
 import pytest
 import torch
+from test_compact import segformer
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -152,15 +153,7 @@ def test_a_segformers_replays_forecast_what_the_model_holds_past_its_last_read()
     ran out of the budget. The record now notes when the program lets a value go, apart
     from autograd; replays then fit, their forecast is the metered peak, and every step is
     bitwise eager's."""
-    from transformers import SegformerConfig, SegformerForSemanticSegmentation
-
-    torch.manual_seed(0)
-    cfg = SegformerConfig(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 96],
-                          decoder_hidden_size=64, num_labels=5)
-    model = SegformerForSemanticSegmentation._from_config(cfg).train()
-    g = torch.Generator().manual_seed(1)
-    pixels, labels = torch.randn(2, 3, 128, 128, generator=g), torch.randint(0, 5, (2, 128, 128),
-                                                                              generator=g)
+    model, pixels, labels = segformer()
 
     def loss_fn(out):
         return nn.functional.cross_entropy(
