@@ -178,6 +178,41 @@ def test_a_segformers_replays_forecast_what_the_model_holds_past_its_last_read()
     assert replayed >= 2
 
 
+def test_a_reformers_planned_steps_stay_within_the_budget_in_real_memory(monkeypatch):
+    """A transformers Reformer (reversible layers: a custom autograd function recomputes
+    each layer's input in the backward pass), planned, at 0.7 of its eager peak. The steps
+    after the recorded ones (no replay fits: they follow the plan with the engine) had
+    autograd save the session's wrappers themselves, and StorageMeter saw 2.3x the budget
+    alive, memory the engine did not count; they now save another wrapper of each value,
+    as recorded steps do. Every step is bitwise eager's and within the budget."""
+    from transformers import ReformerConfig, ReformerModelWithLMHead
+
+    monkeypatch.setattr(torch, "seed", lambda: 1234)  # (it seeds from the OS every step)
+    torch.manual_seed(0)
+    cfg = ReformerConfig(hidden_size=64, feed_forward_size=128, num_attention_heads=2,
+                         attention_head_size=32, attn_layers=["local", "lsh", "local", "lsh"],
+                         axial_pos_shape=[16, 16], axial_pos_embds_dim=[32, 32],
+                         vocab_size=320, is_decoder=True, max_position_embeddings=256,
+                         local_attn_chunk_length=32, lsh_attn_chunk_length=32, num_buckets=8,
+                         hidden_dropout_prob=0.1)
+    model = ReformerModelWithLMHead._from_config(cfg).train()
+    ids = torch.randint(0, 320, (2, 256), generator=torch.Generator().manual_seed(1))
+
+    def loss_fn(out):
+        return nn.functional.cross_entropy(out.logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+
+    ref = Trainer(model, lambda i: ids)
+    budget = int(0.7 * ref.step(0, loss_fn)[2])
+    ref = Trainer(copy.deepcopy(model), lambda i: ids)
+    session = membudget.budget(budget, mode="planned")
+    got = Trainer(copy.deepcopy(model), lambda i: ids, session)
+    for i in range(5):
+        out = got.step(i, loss_fn)
+        assert_same(out, ref.step(i, loss_fn))
+        assert out[2] <= budget, (i, out[2] / budget)
+    assert session.stats.plan_followed_calls > 0
+
+
 def test_a_step_whose_ops_differ_is_handed_to_the_engine_then_replays_resume():
     budget = budget_of(mlp, batch, 0.6)
     ref = Trainer(mlp(), batch)
