@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import membudget
-from membudget import BudgetTooSmallError, MembudgetError
+from membudget import BudgetRaisedWarning, BudgetTooSmallError, MembudgetError
 from membudget.bench.meter import StorageMeter
 from membudget.runtime.tensor import RematTensor
 
@@ -374,7 +374,9 @@ def test_torch_save_of_evicted_values_never_fails_half_written(tmp_path):
 
     ref = chain()
     budget = 7 * 2**19  # x, five activations and room for an op
-    with StorageMeter() as meter, membudget.budget(budget) as session:
+    said = r"raised by [\d,]+ B to hold the values the program held at once \(stats"
+    with (pytest.warns(BudgetRaisedWarning, match=said + r"\.beyond_budget_bytes\)\. Let go"),
+          StorageMeter() as meter, membudget.budget(budget) as session):
         acts = chain()
         torch.save({"acts": acts}, tmp_path / "acts.pt")
         del acts  # (nothing left to hand out: what is raised, the save raised)
@@ -382,6 +384,33 @@ def test_torch_save_of_evicted_values_never_fails_half_written(tmp_path):
     assert meter.peak_bytes <= budget + session.stats.beyond_budget_bytes
     saved = torch.load(tmp_path / "acts.pt")["acts"]
     assert all(torch.equal(a, b) for a, b in zip(saved, ref, strict=True))
+
+
+def test_values_held_past_the_budget_at_the_end_are_handed_back_and_the_raise_is_said():
+    """The program holds more than the budget when the session ends: the evicted values it
+    holds are recomputed and handed back, the budget raised only by what they need beyond
+    it (real memory within the raised budget), and a warning says by how much and why."""
+    torch.manual_seed(0)
+    x = torch.randn(512, 256)
+
+    def chain():  # twelve 512 KiB activations, all held
+        acts = [x]
+        for _ in range(12):
+            acts.append(torch.tanh(acts[-1] * 1.5 + 0.25))
+        return acts[1:]
+
+    ref = chain()
+    budget = 7 * 2**19
+    with (pytest.warns(BudgetRaisedWarning) as caught, StorageMeter() as meter,
+          membudget.budget(budget) as session):
+        acts = chain()
+    st = session.stats
+    assert st.evictions > 0 and 0 < st.beyond_budget_bytes < 12 * 2**19
+    assert meter.peak_bytes <= budget + st.beyond_budget_bytes
+    evicted = int(re.search(r"; ([\d,]+) values", str(caught[0].message))[1].replace(",", ""))
+    assert 0 < evicted <= st.evictions
+    assert all(type(a) is torch.Tensor and torch.equal(a, b)
+               for a, b in zip(acts, ref, strict=True))
 
 
 def test_autograd_history_outlives_the_session():

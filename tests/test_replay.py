@@ -11,6 +11,7 @@ between steps so that which step replays does not depend on the machine's speed.
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -92,7 +93,7 @@ class Trainer:
                     loss = self._loss(x, loss_fn)
                     loss.backward()
         self.opt.step()
-        if self.session is not None:
+        if self.session is not None and self.session.planning is not None:
             assert self.session.wait_for_plan(timeout=60)
         state = [t.detach().clone() for t in (*self.model.parameters(), *self.model.buffers())]
         return loss.detach(), state, meter.peak_bytes
@@ -178,16 +179,13 @@ def test_a_segformers_replays_forecast_what_the_model_holds_past_its_last_read()
     assert replayed >= 2
 
 
-def test_a_reformers_planned_steps_stay_within_the_budget_in_real_memory(monkeypatch):
+def reformer() -> tuple[nn.Module, torch.Tensor, Any]:
     """A transformers Reformer (reversible layers: a custom autograd function recomputes
-    each layer's input in the backward pass), planned, at 0.7 of its eager peak. The steps
-    after the recorded ones (no replay fits: they follow the plan with the engine) had
-    autograd save the session's wrappers themselves, and StorageMeter saw 2.3x the budget
-    alive, memory the engine did not count; they now save another wrapper of each value,
-    as recorded steps do. Every step is bitwise eager's and within the budget."""
+    each layer's input in the backward pass, running backward with ``retain_graph=True``),
+    its token ids and its loss. Call with ``torch.seed`` made constant (it seeds from the
+    OS in every forward pass)."""
     from transformers import ReformerConfig, ReformerModelWithLMHead
 
-    monkeypatch.setattr(torch, "seed", lambda: 1234)  # (it seeds from the OS every step)
     torch.manual_seed(0)
     cfg = ReformerConfig(hidden_size=64, feed_forward_size=128, num_attention_heads=2,
                          attention_head_size=32, attn_layers=["local", "lsh", "local", "lsh"],
@@ -201,6 +199,17 @@ def test_a_reformers_planned_steps_stay_within_the_budget_in_real_memory(monkeyp
     def loss_fn(out):
         return nn.functional.cross_entropy(out.logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
 
+    return model, ids, loss_fn
+
+
+def test_a_reformers_planned_steps_stay_within_the_budget_in_real_memory(monkeypatch):
+    """A Reformer, planned, at 0.7 of its eager peak. The steps after the recorded ones (no
+    replay fits: they follow the plan with the engine) had autograd save the session's
+    wrappers themselves, and StorageMeter saw 2.3x the budget alive, memory the engine did
+    not count; they now save another wrapper of each value, as recorded steps do. Every
+    step is bitwise eager's and within the budget."""
+    monkeypatch.setattr(torch, "seed", lambda: 1234)
+    model, ids, loss_fn = reformer()
     ref = Trainer(model, lambda i: ids)
     budget = int(0.7 * ref.step(0, loss_fn)[2])
     ref = Trainer(copy.deepcopy(model), lambda i: ids)
@@ -211,6 +220,30 @@ def test_a_reformers_planned_steps_stay_within_the_budget_in_real_memory(monkeyp
         assert_same(out, ref.step(i, loss_fn))
         assert out[2] <= budget, (i, out[2] / budget)
     assert session.stats.plan_followed_calls > 0
+
+
+def test_a_reformer_under_the_programs_identity_hooks_says_what_autograd_keeps(monkeypatch):
+    """The Reformer under saved-tensor hooks of the program's own that return the tensor
+    they save, a new session per step at 0.8 of its eager peak: the graphs its backward
+    keeps (``retain_graph=True``) then hold their saved outputs in reference cycles
+    PyTorch never frees (eager keeps them too, 2x its peak without the hooks). The engine
+    stays within the budget; when the step ends the values those graphs hold are handed
+    back, the budget raised by what they need, and a warning says so: real memory never
+    exceeds the raised budget, and every step is bitwise eager's under the same hooks."""
+    monkeypatch.setattr(torch, "seed", lambda: 1234)
+    model, ids, loss_fn = reformer()
+    budget = int(0.8 * Trainer(copy.deepcopy(model), lambda i: ids).step(0, loss_fn)[2])
+    ref = Trainer(copy.deepcopy(model), lambda i: ids)
+    got = Trainer(copy.deepcopy(model), lambda i: ids)
+    for i in range(2):
+        with torch.autograd.graph.saved_tensors_hooks(lambda x: x, lambda x: x):
+            expected = ref.step(i, loss_fn)
+            got.session = membudget.budget(budget)
+            with pytest.warns(membudget.BudgetRaisedWarning, match="recomputed to hand them"):
+                out = got.step(i, loss_fn)
+        assert_same(out, expected)
+        st = got.session.stats
+        assert st.peak_bytes <= budget < out[2] <= budget + st.beyond_budget_bytes
 
 
 def test_a_step_whose_ops_differ_is_handed_to_the_engine_then_replays_resume():

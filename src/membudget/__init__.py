@@ -3,6 +3,7 @@
 from typing import Any
 
 from membudget.errors import (
+    BudgetRaisedWarning,
     BudgetTooSmallError,
     EngineError,
     MembudgetError,
@@ -16,8 +17,8 @@ from membudget.errors import (
 
 __version__ = "0.1.0"
 
-__all__ = ["BudgetTooSmallError", "EngineError", "MembudgetError", "OutOfBudget",
-           "RecomputationError", "Thrashed", "TraceError", "UnknownNameError",
+__all__ = ["BudgetRaisedWarning", "BudgetTooSmallError", "EngineError", "MembudgetError",
+           "OutOfBudget", "RecomputationError", "Thrashed", "TraceError", "UnknownNameError",
            "UnsupportedTensorError", "__version__", "budget", "reversible"]
 
 

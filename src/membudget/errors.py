@@ -20,6 +20,12 @@ class StaleBuildWarning(UserWarning):
     built): the compiled code runs, not the sources."""
 
 
+class BudgetRaisedWarning(UserWarning):
+    """A session held more than its budget at once because the program held that much (the
+    values handed back as it ended, or a ``torch.save`` of them): ``stats.beyond_budget_bytes``
+    says by how much."""
+
+
 class UnknownNameError(MembudgetError, ValueError):
     """A policy, allocator or other named component that does not exist."""
 

@@ -48,8 +48,9 @@ class HandOff(torch.autograd.Function):
         return grad
 
 
-def hand_out(session: Session, failed: bool) -> None:
-    """Give the program's tensors their values and make them plain (see the module)."""
+def hand_out(session: Session, failed: bool) -> tuple[int, int]:
+    """Give the program's tensors their values and make them plain (see the module); how
+    many evicted values it recomputed to hand them out, and their bytes."""
     refs = session.refs
     alive = refs.wrappers()
     # after an error, what is still in memory, and the optimizers' state
@@ -57,6 +58,7 @@ def hand_out(session: Session, failed: bool) -> None:
              if type(t) is RematTensor} if failed else set()
     wanted = [(h, w) for h, w in alive if h.defined or not failed or id(w) in state]
     wanted.sort(key=lambda hw: not hw[0].defined)  # the resident ones cost no recomputation
+    recomputed = {h.storage for h, _ in wanted if not h.defined}
     pinned = []
     for h, w in wanted:
         try:
@@ -83,6 +85,7 @@ def hand_out(session: Session, failed: bool) -> None:
         ref.session = ref.handle = None  # (a wrapper that dies now releases nothing)
         if ref.value is not None and w._use_count() == 1:
             _become_plain(w)
+    return len(recomputed), sum(s.nbytes for s in recomputed)
 
 
 def hold(session: Session, h: Tensor) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from contextlib import ContextDecorator
@@ -36,7 +37,7 @@ from torch.utils._python_dispatch import (
 from membudget.core.engine import Engine
 from membudget.core.policies import make_policy, resolve_policy
 from membudget.core.records import Tensor
-from membudget.errors import BudgetTooSmallError, MembudgetError, OutOfBudget
+from membudget.errors import BudgetRaisedWarning, BudgetTooSmallError, MembudgetError, OutOfBudget
 from membudget.outputs import check_output
 from membudget.runtime import ddp
 from membudget.runtime.call import SLOTS, OpCall, OpTimer, slot
@@ -206,8 +207,9 @@ class Session(TorchDispatchMode, ContextDecorator):
         assert eng is not None
         completed = False
         ran_out = exc_type is not None and issubclass(exc_type, OutOfBudget)
+        handed = (0, 0)
         try:
-            hand_out(self, exc_type is not None)
+            handed = hand_out(self, exc_type is not None)
             completed = exc_type is None
         finally:
             self._close()
@@ -215,6 +217,8 @@ class Session(TorchDispatchMode, ContextDecorator):
                 self._end_planned_step(not completed, recorder, ran_out)
             elif self._replayed is not None:
                 self._end_replayed_step(not completed, ran_out)
+        if self.stats.beyond_budget_bytes and exc_type is None:  # (else the error says)
+            _warn_raised(self.stats, *handed)
         if exc_type is None and isinstance(self.record, (str, Path)):
             self.trace(self.record)
 
@@ -501,6 +505,20 @@ class Session(TorchDispatchMode, ContextDecorator):
             raise MembudgetError(f"{func} got a tensor of a membudget session active in "
                                  "another thread; sessions cannot share tensors")
         return value_of(x)
+
+
+def _warn_raised(stats: SessionStats, recomputed: int, recomputed_bytes: int) -> None:
+    """Say that the budget was raised to hold what the program held at once, and why."""
+    why = (f"; {recomputed:,} values ({recomputed_bytes:,} B) evicted in the run were still "
+           "referenced when it ended and were recomputed to hand them back. If the program "
+           "does not hold them, an autograd graph may: one kept by retain_graph=True under "
+           "saved-tensor hooks that return the tensor they save is a reference cycle PyTorch "
+           "never frees (eager PyTorch keeps it too)" if recomputed else "")
+    warnings.warn(f"membudget: the budget of {stats.budget_bytes:,} B was raised by "
+                  f"{stats.beyond_budget_bytes:,} B to hold the values the program held at "
+                  f"once (stats.beyond_budget_bytes){why}. Let go of what is not needed "
+                  "before the session ends, or give it a larger budget.",
+                  BudgetRaisedWarning, stacklevel=3)
 
 
 def _same(x: Any) -> Any:
