@@ -523,8 +523,10 @@ def _warn_raised(stats: SessionStats, recomputed: int, recomputed_bytes: int) ->
 
 def _same(x: Any) -> Any:
     """What a planned step's autograd saves: as the recorder does, another wrapper of a
-    session's value (the same program reference), else ``x``. Saving the wrapper itself let
-    a Reformer's step hold 2.3x its budget of real memory that the engine did not count."""
+    session's value (the same program reference), else ``x``. Under saved-tensor hooks,
+    saving the wrapper itself makes a reference cycle through autograd's C++ nodes for an
+    output its own node saves (tanh, softmax), which nothing frees while a graph is kept: a
+    Reformer's planned steps (each layer's backward retains its graph) held 2.3x the budget."""
     return wrap(x, x._ref) if type(x) is RematTensor else x
 
 
