@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from membudget.cost import CostMode, CostModel, DeviceSpec, devices, get_spec, known_specs
 from membudget.cost.reference import CASES, density
-from membudget.errors import UnknownNameError
+from membudget.errors import MembudgetError, UnknownNameError
+from membudget.runtime import sizing
 
 aten = torch.ops.aten
 
@@ -195,6 +197,7 @@ def test_unknown_spec_lists_the_known_ones() -> None:
 def test_cpu_spec_is_measured_and_cached(tmp_path: pytest.TempPathFactory,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMBUDGET_CACHE", str(tmp_path))
+    monkeypatch.delenv(devices.PINNED_SPEC_ENV)  # (the suite pins one: see conftest.py)
     with torch.device("meta"), FakeTensorMode():  # as when a trace is being recorded
         spec = get_spec("cpu")
     # Real CPU numbers, not those of meta or fake tensors (which measure as > 1e13 FLOP/s and
@@ -213,6 +216,41 @@ def test_cpu_spec_is_measured_and_cached(tmp_path: pytest.TempPathFactory,
     devices._cpu_spec.cache_clear()
     assert get_spec("cpu").bandwidth == 123.0
     devices._cpu_spec.cache_clear()
+
+
+def test_a_pinned_cpu_spec_prices_every_op_and_a_bad_one_names_the_variable_and_the_fix(
+        tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """$MEMBUDGET_CPU_SPEC names one spec to price CPU ops with instead of measuring this
+    machine, so that the same program makes the same decisions on every machine."""
+    from membudget.runtime.sizing import model_seconds
+
+    file = tmp_path / "spec.json"
+    pinned = {**json.loads((Path(__file__).parent / "data" / "cpu-spec.json").read_text()),
+              "fp32_flops": 1e9, "launch_overhead": 0.0}
+    file.write_text(json.dumps(pinned))
+    monkeypatch.setenv(devices.PINNED_SPEC_ENV, str(file))
+    devices._pinned_spec.cache_clear()
+    sizing._cost_model.cache_clear()
+    a, b = torch.ones(100, 100), torch.ones(100, 100)
+    try:
+        assert get_spec("cpu") == DeviceSpec(**pinned)
+        # 2·100³ FLOPs at 1 GFLOP/s, on the pinned spec whatever this machine measures
+        price = model_seconds(torch.ops.aten.mm.default, (a, b), {}, a @ b)
+        assert price == pytest.approx(2e-3, rel=0.01)
+        for text, why in [("{", "not the fields of one device spec"),
+                          (json.dumps({"name": "cpu", "flops": 1}), "unexpected keyword")]:
+            file.write_text(text)
+            devices._pinned_spec.cache_clear()
+            with pytest.raises(MembudgetError, match=why) as err:
+                get_spec("cpu")
+            assert "$MEMBUDGET_CPU_SPEC=" in str(err.value) and "unset it" in str(err.value)
+        monkeypatch.setenv(devices.PINNED_SPEC_ENV, str(tmp_path / "missing.json"))
+        with pytest.raises(MembudgetError, match="cannot read it"):
+            get_spec("cpu")
+    finally:
+        monkeypatch.undo()
+        devices._pinned_spec.cache_clear()
+        sizing._cost_model.cache_clear()
 
 
 def test_a_session_prices_ops_on_the_cpu_spec_of_the_thread_count_it_runs_at() -> None:

@@ -2,7 +2,8 @@
 
 The GPU numbers are the vendors' published peaks (dense, no sparsity); ``flops_efficiency`` and
 ``bandwidth_efficiency`` scale them to what cuBLAS/cuDNN and copy kernels reach on large shapes.
-The ``cpu`` spec is measured on this machine at first use and cached on disk.
+The ``cpu`` spec is measured on this machine at first use and cached on disk, unless
+``$MEMBUDGET_CPU_SPEC`` names a file of one to use instead.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from membudget.errors import UnknownNameError
+from membudget.errors import MembudgetError, UnknownNameError
 
 TERA = 1e12
 GIGA = 1e9
@@ -171,10 +172,34 @@ def _cache_key() -> str:
     return f"torch={torch.__version__};threads={torch.get_num_threads()};layout={SPEC_LAYOUT}"
 
 
+#: Names a JSON file of one spec's fields (one entry of a ``cpu-spec.json`` cache file) to
+#: price CPU ops with instead of this machine's measurement: the same prices, and so the
+#: same decisions, on every machine and under any load (the test suite pins one).
+PINNED_SPEC_ENV = "MEMBUDGET_CPU_SPEC"
+
+
 def cpu_spec() -> DeviceSpec:
-    """This machine's measured spec, read from the cache file or measured and written to it
-    (keyed by torch version and thread count, since both change the numbers)."""
+    """The spec ``$MEMBUDGET_CPU_SPEC`` names, else this machine's measured spec, read from
+    the cache file or measured and written to it (keyed by torch version and thread count,
+    since both change the numbers)."""
+    pinned = os.environ.get(PINNED_SPEC_ENV)
+    if pinned:
+        return _pinned_spec(pinned)
     return _cpu_spec(str(cache_dir() / "cpu-spec.json"), _cache_key())
+
+
+@cache
+def _pinned_spec(path: str) -> DeviceSpec:
+    try:
+        fields = json.loads(Path(path).read_text())
+        return DeviceSpec(**fields)
+    except OSError as e:
+        why = f"cannot read it ({e.strerror})"
+    except (ValueError, TypeError) as e:
+        why = f"not the fields of one device spec ({e})"
+    raise MembudgetError(f"${PINNED_SPEC_ENV}={path}: {why}; name a file holding one entry of "
+                         f"{cache_dir() / 'cpu-spec.json'}, or unset it to measure this "
+                         "machine")
 
 
 @cache
@@ -267,13 +292,23 @@ def _matmul_flops(dtype: torch.dtype, sizes: tuple[int, ...]) -> float:
 
 
 def _best(fn: Callable[[], object], repeats: int, *, warm_up: bool = True) -> float:
-    """Fastest of ``repeats`` timed calls, after one untimed call if ``warm_up``."""
-    if warm_up:
-        fn()
+    """Fastest of ``repeats`` timed calls, after one untimed call if ``warm_up``, at the
+    thread count of the moment and, if that is more than one, at one thread too: an op
+    split over threads waits for the slowest, and on a loaded machine that one waits for a
+    scheduler slice (gelu and layer norm measured 8 ms, 16x too slow, at 2 threads beside
+    one busy process), while more threads never make an op slower on an idle machine."""
+    threads = torch.get_num_threads()
     best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
+    for n in (threads, 1) if threads > 1 else (threads,):
+        torch.set_num_threads(n)
+        try:
+            if warm_up:
+                fn()
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn()
+                best = min(best, time.perf_counter() - t0)
+        finally:
+            torch.set_num_threads(threads)
     return best
 
