@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import json
 import random
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from membudget.plan.optimum import BudgetInfeasible, optimum
 from membudget.plan.remat_bound import lower_bound
 from membudget.plan.remat_problem import RematProblem, remat_problem
 from membudget.sim import measure_baseline, simulate
+from membudget.sim.simulate import Baseline
 from membudget.trace.format import CALL, PHASE, PUT, RELEASE, Trace, write_trace
 
 LOGS = Path(__file__).resolve().parents[1].parent / "shared" / "dtr-logs" / "logs.zip"
@@ -184,19 +186,50 @@ def test_dropping_a_value_counts_its_released_inputs(monkeypatch):
     assert raised >= 4
 
 
+def halfway(seed: int) -> tuple[Trace, RematProblem, Baseline, int]:
+    """A tiny step, its problem and baseline, and a budget halfway between the least any
+    schedule needs and the unconstrained peak."""
+    tr = tiny_step(seed)
+    p = remat_problem(tr)
+    base = measure_baseline(tr)
+    return tr, p, base, (int(p.required_bytes().max()) + base.peak_bytes) // 2
+
+
 def test_on_a_chain_the_optimum_is_proven():
     proven = 0
     for seed in range(12):
-        tr = tiny_step(seed)
-        p = remat_problem(tr)
-        base = measure_baseline(tr)
-        budget = (int(p.required_bytes().max()) + base.peak_bytes) // 2
+        tr, p, base, budget = halfway(seed)
         r = optimum(tr, budget=budget, time_limit=10, problem=p, baseline=base)
         best = brute_force(p, budget)
         if r.proven:
             proven += 1
             assert r.overhead * base.cost == pytest.approx(best, abs=1e-6)
     assert proven >= 8  # most tiny steps close: Checkmate's schedule is the brute force's
+
+
+def test_a_planner_thread_solves_with_one_highs_thread_and_finds_the_same_optimum():
+    """A planned session's planner calls HiGHS from a short-lived thread; there HiGHS gets one
+    thread (its workers could outlive the thread: upstream crashes and hangs), and the
+    proven optimum is the main thread's."""
+    from membudget.plan.mip_backends import highs_threads
+
+    for seed in range(3):
+        tr, p, base, budget = halfway(seed)
+        here = optimum(tr, budget=budget, time_limit=10, problem=p, baseline=base)
+        got: dict[str, object] = {}
+
+        def plan(tr=tr, p=p, base=base, budget=budget, got=got) -> None:
+            got["threads"] = highs_threads(2)
+            got["r"] = optimum(tr, budget=budget, time_limit=10, problem=p, baseline=base)
+
+        t = threading.Thread(target=plan)
+        t.start()
+        t.join(timeout=60)
+        assert not t.is_alive() and got["threads"] == 1 and highs_threads(2) == 2
+        there = got["r"]
+        assert there.proven == here.proven  # type: ignore[attr-defined]
+        if here.proven:
+            assert there.overhead == pytest.approx(here.overhead)  # type: ignore[attr-defined]
 
 
 def test_a_budget_below_every_schedule_names_the_minimum():

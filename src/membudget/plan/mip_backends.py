@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -107,24 +108,42 @@ def _solve_cpsat(mip: Mip, values: list[int], time_limit: float, gap: int,
             math.ceil(s.best_objective_bound - 1e-6))
 
 
+_bannered = False  # whether this process made a HiGHS instance (and silenced its banner)
+
+
 def new_highs() -> Any:
     """A silent HiGHS instance that ``cancelSolve()`` stops (:func:`run_highs`). The first
     one made in a process prints a banner to the C stdout, which would corrupt ``--json``
-    output: that one is made with stdout closed."""
+    output: that one is made with stdout closed (only that one: what other threads print
+    meanwhile is lost too)."""
+    global _bannered
     import highspy
 
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            h = highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+    if _bannered:
+        h = highspy.Highs()
+    else:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        try:
+            with open(os.devnull, "w") as null:
+                os.dup2(null.fileno(), 1)
+                h = highspy.Highs()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        _bannered = True
     h.silent()
     h.HandleUserInterrupt = True
     return h
+
+
+def highs_threads(requested: int) -> int:
+    """HiGHS's threads for a solve from this thread: ``requested`` in the main thread, one
+    elsewhere. HiGHS ties a scheduler and its worker threads to the thread that first
+    solves; run from a short-lived thread (a planned session's planner), workers that start
+    late outlive it, which HiGHS's maintainers report as crashes and hangs (HiGHS #810,
+    #1886). A planner shares the machine with the training loop anyway."""
+    return requested if threading.current_thread() is threading.main_thread() else 1
 
 
 def run_highs(h: Any) -> None:
@@ -148,7 +167,7 @@ def lp_then_mip(lp: Any, time_limit: float, threads: int = 2,
     h = new_highs()
     h.passModel(lp)
     h.setOptionValue("time_limit", max(0.1, float(time_limit)))
-    h.setOptionValue("threads", threads)
+    h.setOptionValue("threads", highs_threads(threads))
     run_highs(h)
     bound = -math.inf
     if h.getModelStatus() == highspy.HighsModelStatus.kOptimal:
@@ -195,7 +214,7 @@ def _solve_highs(mip: Mip, values: list[int], time_limit: float, gap: int,
     h.setOptionValue("time_limit", time_limit)
     h.setOptionValue("mip_rel_gap", 0.0)
     h.setOptionValue("mip_abs_gap", max(gap, 0.999))  # integer objective: < 1 means exact
-    h.setOptionValue("threads", 2)
+    h.setOptionValue("threads", highs_threads(2))
     h.setSolution(n, np.arange(n, dtype=np.int32), np.array(values, dtype=float))
     if report is not None:
         def _cb(e: object) -> None:
