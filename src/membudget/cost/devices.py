@@ -295,8 +295,9 @@ def _best(fn: Callable[[], object], repeats: int, *, warm_up: bool = True) -> fl
     """Fastest of ``repeats`` timed calls, after one untimed call if ``warm_up``, at the
     thread count of the moment and, if that is more than one, at one thread too: an op
     split over threads waits for the slowest, and on a loaded machine that one waits for a
-    scheduler slice (gelu and layer norm measured 8 ms, 16x too slow, at 2 threads beside
-    one busy process), while more threads never make an op slower on an idle machine."""
+    scheduler slice (beside one busy process, gelu and layer norm took 12 and 8 ms at 2
+    threads, 16 and 20x their idle times), while more threads never make an op slower on an
+    idle machine."""
     threads = torch.get_num_threads()
     best = float("inf")
     for n in (threads, 1) if threads > 1 else (threads,):
