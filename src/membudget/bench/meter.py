@@ -6,6 +6,7 @@ freed (a weak reference's callback; torch keeps one Python object per storage wh
 lives). Entered *outside* a ``membudget.budget`` session, it sees the real ops the session
 runs (first runs and recomputations alike), so its peak is the evidence that a budget held.
 It does not see memory that no aten op returns (a kernel's own workspace, RNG states).
+It stops counting when it exits.
 """
 
 from __future__ import annotations
@@ -29,6 +30,16 @@ class StorageMeter(TorchDispatchMode):
         self.peak_bytes = 0
         # id(storage) -> a weak reference whose callback uncounts it
         self._live: dict[int, weakref.ref] = {}
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop counting: let the weak references go now, not with the meter. Their callbacks
+        hold the meter, so it lives in a reference cycle until a collection frees it, and on
+        Python 3.11 a collection that frees a weak reference while its referent is being
+        destroyed crashes the interpreter (the referent's ``PyObject_ClearWeakRefs``
+        allocates a tuple, which can run the collection, while it walks the referent's weak
+        references): the test suite crashed so, on a storage five meters had watched."""
+        super().__exit__(*exc)
+        self._live.clear()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:

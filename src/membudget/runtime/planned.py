@@ -377,16 +377,19 @@ class Planning:
             self.settled = False
             if ran_out and run.followed is not None:
                 self._drop(run.followed)
-            return
-        self.settled = run.plan is not None
-        if run.plan is not None:
-            self._use(run.plan)
-        elif recording is not None and run.sigs is not None and self.pending is None:
-            self._made = None
-            self.pending = threading.Thread(
-                target=self._make, args=(recording, run.sigs, header, recorder),
-                name="membudget-planner", daemon=True)
-            self.pending.start()
+        else:
+            self.settled = run.plan is not None
+            if run.plan is not None:
+                self._use(run.plan)
+            elif recording is not None and run.sigs is not None and self.pending is None:
+                self._made = None
+                self.pending = threading.Thread(
+                    target=self._make, args=(recording, run.sigs, header, recorder),
+                    name="membudget-planner", daemon=True)
+                self.pending.start()
+                return  # (the planner closes the recorder)
+        if recorder is not None:
+            recorder.close()
 
     def _make(self, recording: Recording, sigs: list[tuple], header: dict[str, Any],
               recorder: StepRecorder | None) -> None:
@@ -405,6 +408,9 @@ class Planning:
             self._made = StepPlan(plan, sigs, tuning)
         except BaseException as e:  # handed to the session's thread, which warns
             self._made = e
+        finally:
+            if recorder is not None:
+                recorder.close()
 
     def collect(self) -> None:
         """Take the plan made in the background, if it is ready."""

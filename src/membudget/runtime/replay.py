@@ -129,6 +129,12 @@ class StepRecorder(TorchDispatchMode):
         self._program: dict[Key, int] = {}  # those of them autograd did not save
         self._rekeyed: list[weakref.ref] = []
 
+    def close(self) -> None:
+        """Its record has been read (or will not be): let its weak references go now rather
+        than with the recorder (see ``StorageMeter.__exit__``: a crash on Python 3.11)."""
+        self._ids.clear()
+        self._rekeyed.clear()
+
     def find(self, x: torch.Tensor) -> Key | None:
         hit = self._ids.get(id(x))
         return hit[0] if hit is not None and hit[1]() is x else None
@@ -692,6 +698,11 @@ class Replay:
         self.recomputed = 0
         self.redoing = False
         self.redo_bytes = 0
+
+    def close(self) -> None:
+        """The step ended: stop metering, letting the meter's weak references go now rather
+        than with the replay (see ``StorageMeter.__exit__``: a crash on Python 3.11)."""
+        self._live.clear()
 
     def made(self, x: torch.Tensor) -> bool:
         """Did this step's ops (or a recomputation of them) make ``x``?"""

@@ -260,6 +260,7 @@ class Session(TorchDispatchMode, ContextDecorator):
         st.replay_reason = replay.reason
         st.replay_forecast_bytes = replay.forecast
         st.peak_bytes = max(st.peak_bytes, replay.peak_bytes)
+        replay.close()
 
     def wait_for_plan(self, timeout: float | None = None) -> bool:
         """In planned mode, wait for the plan being made in the background (at most
