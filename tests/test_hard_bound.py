@@ -179,6 +179,10 @@ def test_the_meter_counts_each_storage_once_while_it_lives():
     # It stops counting as it exits and keeps no weak reference (changed on purpose: one
     # kept until a collection can crash Python 3.11, see StorageMeter.__exit__).
     assert weakref.getweakrefcount(a.untyped_storage()) == 0
+    with meter:  # entered again, it counts what is alive afresh, once, and keeps its peak
+        e = a + 1.0
+        assert meter.live_bytes == 8000
+    assert meter.peak_bytes == 8000 and weakref.getweakrefcount(e.untyped_storage()) == 0
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ freed (a weak reference's callback; torch keeps one Python object per storage wh
 lives). Entered *outside* a ``membudget.budget`` session, it sees the real ops the session
 runs (first runs and recomputations alike), so its peak is the evidence that a budget held.
 It does not see memory that no aten op returns (a kernel's own workspace, RNG states).
-It stops counting when it exits.
+It stops counting when it exits; entered again, it counts afresh and keeps its peak.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class StorageMeter(TorchDispatchMode):
         references): the test suite crashed so, on a storage five meters had watched."""
         super().__exit__(*exc)
         self._live.clear()
+        self.live_bytes = 0  # (entered again, it counts what is alive afresh)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
