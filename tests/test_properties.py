@@ -14,7 +14,7 @@ import hashlib
 import math
 from unittest.mock import patch
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from membudget.core import ComputePath, Engine, Executor, Storage, Tensor
@@ -317,9 +317,20 @@ def test_compacting_the_stale_marks_changes_no_decision(instrs, fraction, alloca
 @given(instrs=programs(),
        allocator=st.sampled_from(["fungible", "best-fit", "two-sided", "size-sided",
                                   "phase-sided"]))
+@example(instrs=[("put", 1, 1), ("put", 2, 0),
+                 ("apply", "op6", (1,), (7,), (0,), (0,), 0, (0,)),
+                 ("apply", "op8", (1,), (9,), (0,), (0,), 0, (0,)),
+                 ("apply", "op10", (1,), (11,), (3,), (-1,), 0, (0,)),
+                 ("put", 18, 1), ("put", 19, 4)],
+          allocator="two-sided")  # moved out of leaf 18's way, 3 B would strand 2 B
+@example(instrs=[("put", 1, 3), ("apply", "op7", (1,), (8, 9), (2, 0), (-1, 0), 0, (0,)),
+                 ("put", 11, 1), ("apply", "op10", (1,), (12,), (0,), (0,), 0, ()),
+                 ("put", 20, 2)],
+          allocator="two-sided")  # moved out of leaf 11's way, 2 B would strand 1 B
 def test_budget_holding_every_storage_never_evicts(instrs, allocator):
     """Without frees for good every byte ever allocated fits; best fit never fragments
-    such a pool (the hole every placement comes from only shrinks by what it holds)."""
+    such a pool (the hole every placement comes from only shrinks by what it holds), nor
+    do the moves that clear a leaf's place beside the pinned state (``make_way``)."""
     expected, _ = reference(instrs)
     budget = total_fresh_bytes(instrs)
     for policy in policies_for(allocator):
