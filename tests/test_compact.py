@@ -201,6 +201,39 @@ def test_a_leaf_taken_in_late_goes_beside_the_pinned_state_the_values_in_its_way
     assert eng2.stats.evictions > 0
 
 
+
+def test_a_late_leaf_moves_values_even_where_that_shrinks_the_largest_block_for_now():
+    """A segregated pool of 100 B: leaf ``x`` at the top, values ``a``, ``b``, ``d``, ``c``
+    from the bottom, ``b`` released (a 20 B hole). A leaf ``y`` of 5 B arrives: ``c`` (10 B)
+    moves into ``b``'s hole and ``y`` goes beside ``x``, which leaves holes of 10 and 5 B
+    where placing ``y`` in ``b``'s hole would leave one of 15. Once ``d`` is released the
+    free bytes are one block of 45 B and a value of 40 B fits with no eviction; with ``y``
+    in ``b``'s hole (DTR, which never moves) they are split, 15 and 30 B. (The trade's
+    other side: tests/test_properties.py, test_budget_holding_every_storage_never_evicts.)"""
+    def late_leaf(policy: str) -> tuple[Engine, list]:
+        eng = Engine(100, policy, "segregated")
+        x = eng.put(10)
+        a, b, d, c = (eng.apply(f"v{k}", [x], [n], cost=5.0)[0]
+                      for k, n in enumerate((30, 20, 30, 10)))
+        eng.release(b)
+        assert [t.storage.block.addr for t in (a, d, c, x)] == [0, 50, 80, 90]
+        return eng, [x, d, c, eng.put(5)]
+
+    eng, (x, d, c, y) = late_leaf("dtr-compact")
+    assert [t.storage.block.addr for t in (c, y)] == [30, 85]
+    assert eng.allocator.largest_free_block() == 10
+    eng.release(d)
+    assert eng.allocator.largest_free_block() == 45
+    eng.apply("e", [x], [40], cost=5.0)
+    assert eng.stats.evictions == 0
+    eng.allocator.check()
+    eng2, (x2, d2, _, y2) = late_leaf("dtr")
+    assert y2.storage.block.addr == 45
+    eng2.release(d2)
+    assert eng2.allocator.largest_free_block() == 30
+    eng2.apply("e", [x2], [40], cost=5.0)
+    assert eng2.stats.evictions > 0
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instrs=programs(), fraction=st.sampled_from([0.4, 0.5, 0.6, 0.75, 0.9]),
        allocator=st.sampled_from(["best-fit", "torch-caching", "segregated"]))
@@ -465,6 +498,51 @@ def test_a_segformer_completes_where_dtr_eq_does_its_labels_beside_the_parameter
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(),
                                                  strict=True))
 
+
+
+def test_a_funnel_in_planned_mode_completes_at_0_6_bitwise_within_the_budget():
+    """A transformers Funnel (a model no test was written for) with AdamW in one planned
+    session at 0.6 of its eager peak: losses and parameters bitwise eager's, the meter
+    within the budget. With this machine's measured spec at one thread, its first step
+    took a 64 B leaf in late while a 512 KiB value lay in its place; placed without moving
+    that value, the leaf split the free bytes once the activations around it were freed,
+    and the step ran out (the hand-made test above pins that behaviour; under the suite's
+    pinned spec the decisions differ and the leaf does not land there)."""
+    from transformers import FunnelConfig, FunnelForSequenceClassification
+
+    torch.manual_seed(0)
+    model = FunnelForSequenceClassification(FunnelConfig(
+        vocab_size=1000, block_sizes=[1, 1, 1], d_model=128, n_head=4, d_head=32,
+        d_inner=256, num_labels=3, hidden_dropout=0.1))
+    g = torch.Generator().manual_seed(6)
+    ids, y = torch.randint(0, 1000, (8, 128), generator=g), torch.randint(0, 3, (8,), generator=g)
+    ref = copy.deepcopy(model)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses, peak = [], 0
+    for k in range(3):
+        ref_opt.zero_grad(set_to_none=True)
+        torch.manual_seed(100 + k)
+        with StorageMeter() as meter:
+            loss = ref(input_ids=ids, labels=y).loss
+            loss.backward()
+            ref_opt.step()
+        losses.append(loss.item())
+        peak = peak or meter.peak_bytes
+    nbytes = int(peak * 0.6)
+    session = membudget.budget(nbytes, mode="planned")
+    for k in range(3):
+        opt.zero_grad(set_to_none=True)
+        torch.manual_seed(100 + k)
+        with StorageMeter() as meter, session:
+            loss = model(input_ids=ids, labels=y).loss
+            loss.backward()
+            opt.step()
+        assert meter.peak_bytes <= nbytes and loss.item() == losses[k]
+        session.wait_for_plan()
+    assert session.stats.evictions > 0
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(),
+                                                 strict=True))
 
 def test_a_wav2vec2_completes_at_0_4_of_its_peak_as_dtr_does():
     """A model no test was written for: at 0.4 of its peak the default ran out of memory

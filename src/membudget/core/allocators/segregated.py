@@ -54,9 +54,7 @@ class SegregatedAllocator(BestFitAllocator):
         session takes a tensor in when an op first reads it). The values in the way move to
         the low end of holes below, best fit; nothing moves where the topmost hole that
         holds the leaf lies among the pinned storages already, or where a storage in the
-        way cannot move or fits nowhere below, or where the moves would leave no free block
-        as large as the leaf placed without them leaves (its bytes moved out of the way can
-        strand a hole between storages that stay)."""
+        way cannot move or fits nowhere below."""
         n = self.block_bytes(nbytes)
         top = self._topmost_fit(n) if n > 0 else None
         if top is None:  # (no hole holds it: the engine makes room as for any storage)
@@ -81,27 +79,5 @@ class SegregatedAllocator(BestFitAllocator):
         addr_of = ((1 << self._shift) - 1).__and__  # a key's low bits are the address
         below = [self._hole_at[key] for key in self._holes if addr_of(key) < limit]
         plan = fit_into(self, below, list(range(len(below))), movers)
-        if plan and self._largest_after(plan, tail, j, k, n) >= self._largest_without(top, n):
+        if plan:
             self.relocate(plan, copy, low=True)
-
-    def _largest_without(self, top: Block, n: int) -> int:
-        """The largest free block once a leaf of ``n`` bytes takes the high end of ``top``."""
-        return max(self.left_after(b, b.size, n) if b is top else b.size
-                   for b in self._hole_at.values())
-
-    def _largest_after(self, plan: list[tuple[Storage, Block]], tail: list[Block], j: int,
-                       k: int, n: int) -> int:
-        """The largest free block once ``plan`` has moved the storages of ``tail[j:k]`` to
-        the low ends of holes below and a leaf of ``n`` bytes takes the top of the bytes
-        they leave (with ``tail[k]`` if free, and the rest of the hole just below if any)."""
-        left = {id(b): b.size for b in self._hole_at.values()}
-        for s, hole in plan:
-            left[id(hole)] = self.left_after(hole, left[id(hole)], self.block_bytes(s.nbytes))
-        span = tail[j: k + 1] if k < len(tail) and tail[k].storage is None else tail[j:k]
-        region = sum(b.size for b in span) - n
-        for b in span:
-            left.pop(id(b), None)
-        before = tail[j].prev
-        if before is not None and before.storage is None:
-            region += left.pop(id(before))
-        return max([region, *left.values()])
