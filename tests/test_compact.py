@@ -499,7 +499,6 @@ def test_a_segformer_completes_where_dtr_eq_does_its_labels_beside_the_parameter
                                                  strict=True))
 
 
-
 def test_a_funnel_in_planned_mode_completes_at_0_6_bitwise_within_the_budget():
     """A transformers Funnel (a model no test was written for) with AdamW in one planned
     session at 0.6 of its eager peak: losses and parameters bitwise eager's, the meter
