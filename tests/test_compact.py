@@ -201,7 +201,6 @@ def test_a_leaf_taken_in_late_goes_beside_the_pinned_state_the_values_in_its_way
     assert eng2.stats.evictions > 0
 
 
-
 def test_a_late_leaf_moves_values_even_where_that_shrinks_the_largest_block_for_now():
     """A segregated pool of 100 B: leaf ``x`` at the top, values ``a``, ``b``, ``d``, ``c``
     from the bottom, ``b`` released (a 20 B hole). A leaf ``y`` of 5 B arrives: ``c`` (10 B)
@@ -233,6 +232,7 @@ def test_a_late_leaf_moves_values_even_where_that_shrinks_the_largest_block_for_
     assert eng2.allocator.largest_free_block() == 30
     eng2.apply("e", [x2], [40], cost=5.0)
     assert eng2.stats.evictions > 0
+
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instrs=programs(), fraction=st.sampled_from([0.4, 0.5, 0.6, 0.75, 0.9]),
@@ -542,6 +542,7 @@ def test_a_funnel_in_planned_mode_completes_at_0_6_bitwise_within_the_budget():
     assert session.stats.evictions > 0
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(),
                                                  strict=True))
+
 
 def test_a_wav2vec2_completes_at_0_4_of_its_peak_as_dtr_does():
     """A model no test was written for: at 0.4 of its peak the default ran out of memory
