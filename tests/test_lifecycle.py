@@ -8,6 +8,7 @@ and recomputation restores the RNG state.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import pickle
@@ -433,6 +434,89 @@ def test_autograd_history_outlives_the_session():
     loss.backward()  # outside the session
     for p, q in zip(model.parameters(), ref_model.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad)
+
+
+def train_with_copies(budget, built_inside):
+    """Three SGD steps of the CNN, a session each (none if ``budget`` is None), in a loop that
+    keeps copies as users do: ``copy.deepcopy(model)`` in the first step starts an EMA that
+    later steps update in place, and every step keeps a snapshot. With ``built_inside`` the
+    model is built in the first session, so its parameters are still the engine's (with
+    gradients) when they are copied. Returns the EMA, the snapshots, the meter's peaks and
+    the evictions."""
+    model = None if built_inside else cnn()
+    opt = ema = None
+    snapshots, peaks, evictions = [], [], 0
+    for _ in range(3):
+        session = membudget.budget(budget) if budget is not None else None
+        with StorageMeter() as meter, session or contextlib.nullcontext():
+            if model is None:
+                model = cnn()
+            net, loss_fn = model
+            if opt is None:
+                opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+            opt.zero_grad(set_to_none=False)
+            loss_fn(net).backward()
+            opt.step()
+            if ema is None:
+                ema = copy.deepcopy(net)
+            with torch.no_grad():
+                for e, p in zip(ema.parameters(), net.parameters(), strict=True):
+                    e.lerp_(p, 0.1)
+            snapshots.append(copy.deepcopy(net))
+        peaks.append(meter.peak_bytes)
+        evictions += session.stats.evictions if session is not None else 0
+    return ema, snapshots, peaks, evictions
+
+
+@pytest.mark.parametrize("built_inside", [False, True], ids=["built-before", "built-inside"])
+def test_models_deep_copied_inside_sessions_are_parameters_equal_to_eager(built_inside):
+    """Before: deep-copying a plain tensor (a buffer) in a session failed (torch's copy
+    asks ``new_empty`` for a plain tensor and got a wrapper), so did a wrapper's (its engine
+    handle was copied), and the parameters of a model built in a session left it as plain
+    tensors, no longer ``nn.Parameter``."""
+    ref_ema, ref_snaps, _, _ = train_with_copies(None, built_inside)
+    _, _, free_peaks, _ = train_with_copies(10**10, built_inside)
+    budget = int(0.8 * max(free_peaks))
+    ema, snaps, peaks, evictions = train_with_copies(budget, built_inside)
+    assert max(peaks) <= budget < max(free_peaks) and evictions > 0
+    for got, ref in zip([ema, *snaps], [ref_ema, *ref_snaps], strict=True):
+        for (name, p), q in zip(got.named_parameters(), ref.parameters(), strict=True):
+            assert type(p) is nn.Parameter and p.requires_grad, name
+            assert torch.equal(p, q) and p.grad is None and q.grad is None, name
+        for b, c in zip(got.buffers(), ref.buffers(), strict=True):
+            assert type(b) is torch.Tensor and torch.equal(b, c)
+    with membudget.budget(budget):  # a copy trains like any model
+        snaps[-1](torch.randn(2, 3, 16, 16)).sum().backward()
+    assert all(type(p.grad) is torch.Tensor for p in snaps[-1].parameters())
+
+
+def test_tensors_deep_copied_inside_a_session_are_copied_as_torch_copies_them():
+    """A leaf's gradient and attributes come along; views of one storage (a plain tensor's
+    or the session's) copy to views of one copy, so a write through one shows in the others,
+    in the session and after it; the originals are untouched."""
+    b = torch.arange(10.0)
+
+    def make():
+        w = torch.arange(3.0, requires_grad=True)
+        w.tag = "w"
+        (w * 2.0).sum().backward()
+        h = b * 1.0
+        c = copy.deepcopy([w, b, b[2:5], h, h.view(2, 5)[:, 1]])
+        c[1][3] = 100.0
+        c[3][6] = 60.0
+        return c
+
+    ref = make()
+    with membudget.budget("1 MiB"):
+        got = make()
+        assert all(type(t) is RematTensor for t in got)
+    assert torch.equal(b, torch.arange(10.0))
+    for g, r in zip(got, ref, strict=True):
+        assert torch.equal(g, r) and g.requires_grad == r.requires_grad
+    assert type(got[0]) is torch.Tensor and got[0].is_leaf and got[0].tag == "w"
+    assert torch.equal(got[0].grad, ref[0].grad)
+    got[1][4] = ref[1][4] = 50.0
+    assert torch.equal(got[2], ref[2]) and got[2].tolist() == [2.0, 100.0, 50.0]
 
 
 def test_an_activation_that_retains_its_grad_is_handed_back_with_it():

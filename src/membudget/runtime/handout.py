@@ -1,10 +1,11 @@
 """What a session hands back when it ends: the tensors the program holds, as plain tensors.
 
 Every wrapper the program still holds when the session ends (the loss, outputs, optimizer
-state, anything) is materialized and becomes an ordinary ``torch.Tensor`` in place: the same
-Python object, now with a storage of its own, so it prints, pickles, saves, takes in-place
-writes and enters a later session like any tensor. One with autograd history stays joined to
-it (its ``grad_fn`` is a ``HandOffBackward`` that passes gradients to the wrapper's history).
+state, anything) is materialized and becomes an ordinary ``torch.Tensor`` (an
+``nn.Parameter`` if one made it) in place: the same Python object, with its attributes, now
+with a storage of its own, so it prints, pickles, saves, takes in-place writes and enters a
+later session like any tensor. One with autograd history stays joined to it (its ``grad_fn``
+is a ``HandOffBackward`` that passes gradients to the wrapper's history).
 The gradients of plain leaves (``param.grad``) become their values too.
 
 A wrapper that torch itself also holds (saved for the backward of a graph still alive)
@@ -108,17 +109,22 @@ def _become_plain(w: RematTensor) -> None:
     """Turn ``w`` into a plain tensor holding its value, in place (the same object)."""
     value = w._ref.value
     assert value is not None
-    if not w.requires_grad:
+    extra = {k: v for k, v in w.__dict__.items() if k != "_ref"}
+    if extra.pop("_is_param", False):  # made by nn.Parameter(...) inside the session
+        plain = torch.nn.Parameter(value.detach(), requires_grad=w.requires_grad)
+    elif not w.requires_grad:
         plain = value.detach()
     elif not w.is_leaf:
         plain = HandOff.apply(w)
-    else:  # a leaf made inside the session: a leaf again, with its gradient
+    else:  # a leaf made inside the session: a leaf again
         plain = value.detach().requires_grad_(True)
+    if plain.is_leaf and plain.requires_grad:  # with its gradient
         g = w.grad
         if type(g) is RematTensor and g._ref.value is not None:
             plain.grad = g._ref.value
         elif type(g) is torch.Tensor:
             plain.grad = g
+    plain.__dict__.update(extra)  # the program's own attributes stay with the object
     _swap(w, plain)
 
 

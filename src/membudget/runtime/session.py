@@ -39,7 +39,7 @@ from membudget.core.policies import make_policy, resolve_policy
 from membudget.core.records import Tensor
 from membudget.errors import BudgetRaisedWarning, BudgetTooSmallError, MembudgetError, OutOfBudget
 from membudget.outputs import check_output
-from membudget.runtime import ddp
+from membudget.runtime import copies, ddp
 from membudget.runtime.call import SLOTS, OpCall, OpTimer, slot
 from membudget.runtime.classify import INFO, op_info
 from membudget.runtime.device_memory import DeviceMeter
@@ -167,6 +167,7 @@ class Session(TorchDispatchMode, ContextDecorator):
         self.optimizers = weakref.WeakSet()
         self._optimizer_hook = register_optimizer_step_pre_hook(self._stepping)
         ddp.install(Session)
+        copies.install(Session)
         # The engine's records live as long as a value may need them and are freed by
         # reference counting (the engine cuts their cycles as it frees them), so the cyclic
         # collector would only walk the live ones again and again, about 2 µs per op: it is

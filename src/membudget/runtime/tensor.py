@@ -97,6 +97,13 @@ class RematTensor(torch.Tensor):
                 plain.requires_grad_(True)
         return plain.__reduce_ex__(protocol)
 
+    def __deepcopy__(self, memo: dict) -> torch.Tensor:
+        """A copy as torch makes one (``runtime.copies``): inside its session a new value it
+        owns; after it, a plain tensor."""
+        from membudget.runtime.copies import deep_copy
+
+        return deep_copy(self, memo)
+
     def tolist(self) -> Any:
         return value_of(self).tolist()
 
