@@ -409,13 +409,14 @@ def test_pinned_state_at_the_top_and_sliding_complete_a_step_plain_best_fit_cann
 
 
 def test_an_rwkv_trained_with_adamw_completes_where_dtr_eq_does():
-    """A transformers RWKV with AdamW, a new default session per step, at 0.35 of its eager
-    peak (StorageMeter), where dtr-eq completes: parameters, gradients and AdamW's state
-    pinned fill 95 % of the pool. It ran out at 0.36 in its first step (free bytes in pieces
-    that only compacting the pool gathers) and at 0.35 in its second (AdamW's state, made in
-    the first step and adopted as the step read it, landed in holes all over the pool; now it
-    is adopted in one run before the optimizer steps). Losses and parameters stay bitwise
-    eager's, and the meter within the budget."""
+    """A transformers RWKV with AdamW, a new default session per step, at 0.55 of its eager
+    peak (StorageMeter), where dtr-eq completes. It ran out at 0.36 in its first step (free
+    bytes in pieces that only compacting the pool gathers) and at 0.35 in its second
+    (AdamW's state, made in the first step and adopted as the step read it, landed in holes
+    all over the pool; now it is adopted in one run). Since that state counts from each
+    session's start, dtr-eq completes from 0.42; near there the default's eviction searches
+    take about 23 ms each, and at 0.45 its step takes 14x dtr-eq's. Losses and parameters
+    stay bitwise eager's, and the meter within the budget."""
     from transformers import RwkvConfig, RwkvForCausalLM
 
     torch.manual_seed(0)
@@ -430,7 +431,7 @@ def test_an_rwkv_trained_with_adamw_completes_where_dtr_eq_does():
         loss = ref(input_ids=ids, labels=ids).loss
         loss.backward()
         ref_opt.step()
-    nbytes = int(meter.peak_bytes * 0.35)
+    nbytes = int(meter.peak_bytes * 0.55)
     losses = [loss.item()]
     for _ in range(2):
         ref_opt.zero_grad(set_to_none=True)
@@ -463,14 +464,21 @@ def segformer() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
             torch.randint(0, 5, (2, 128, 128), generator=g))
 
 
+def state_bytes(opt) -> int:
+    """The bytes of an optimizer's state: alive through forward and backward, which do not
+    touch it (a meter of them does not see it), it counts from each session's start."""
+    return sum(v.untyped_storage().nbytes() for per in opt.state.values()
+               for v in per.values() if isinstance(v, torch.Tensor))
+
+
 def test_a_segformer_completes_where_dtr_eq_does_its_labels_beside_the_parameters():
     """A transformers Segformer with AdamW, a new default session per step, at 0.6 of its
-    eager peak, where dtr-eq completes. Its per-pixel labels (256 KiB) are read only by the
-    loss, at the end of the forward pass, when the session takes them in: they landed in
-    the middle of the activations and split the free bytes into two blocks too small for
-    a 2 MiB gradient, and the run stopped. A leaf now goes beside the pinned state, the
-    values in its way moved aside. Losses and parameters stay bitwise eager's, and the meter
-    within the budget."""
+    eager peak (forward and backward) and AdamW's state, where dtr-eq completes. Its
+    per-pixel labels (256 KiB) are read only by the loss, at the end of the forward pass,
+    when the session takes them in: they landed in the middle of the activations and split
+    the free bytes into two blocks too small for a 2 MiB gradient, and the run stopped. A
+    leaf now goes beside the pinned state, the values in its way moved aside. Losses and
+    parameters stay bitwise eager's, and the meter within the budget."""
     model, pixels, labels = segformer()
     ref = copy.deepcopy(model)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
@@ -485,7 +493,7 @@ def test_a_segformer_completes_where_dtr_eq_does_its_labels_beside_the_parameter
         ref_opt.step()
         losses.append(loss.item())
         peak = peak or meter.peak_bytes
-    nbytes = int(peak * 0.6)
+    nbytes = int(peak * 0.6) + state_bytes(ref_opt)
     for k in range(3):
         opt.zero_grad(set_to_none=True)
         torch.manual_seed(k)
@@ -501,12 +509,13 @@ def test_a_segformer_completes_where_dtr_eq_does_its_labels_beside_the_parameter
 
 def test_a_funnel_in_planned_mode_completes_at_0_6_bitwise_within_the_budget():
     """A transformers Funnel (a model no test was written for) with AdamW in one planned
-    session at 0.6 of its eager peak: losses and parameters bitwise eager's, the meter
-    within the budget. With this machine's measured spec at one thread, its first step
-    took a 64 B leaf in late while a 512 KiB value lay in its place; placed without moving
-    that value, the leaf split the free bytes once the activations around it were freed,
-    and the step ran out (the hand-made test above pins that behaviour; under the suite's
-    pinned spec the decisions differ and the leaf does not land there)."""
+    session at 0.6 of its eager peak (forward and backward) and AdamW's state: losses and
+    parameters bitwise eager's, the meter within the budget. With this machine's measured
+    spec at one thread, its first step took a 64 B leaf in late while a 512 KiB value lay in
+    its place; placed without moving that value, the leaf split the free bytes once the
+    activations around it were freed, and the step ran out (the hand-made test above pins
+    that behaviour; under the suite's pinned spec the decisions differ and the leaf does not
+    land there)."""
     from transformers import FunnelConfig, FunnelForSequenceClassification
 
     torch.manual_seed(0)
@@ -525,10 +534,10 @@ def test_a_funnel_in_planned_mode_completes_at_0_6_bitwise_within_the_budget():
         with StorageMeter() as meter:
             loss = ref(input_ids=ids, labels=y).loss
             loss.backward()
-            ref_opt.step()
+        ref_opt.step()
         losses.append(loss.item())
         peak = peak or meter.peak_bytes
-    nbytes = int(peak * 0.6)
+    nbytes = int(peak * 0.6) + state_bytes(ref_opt)
     session = membudget.budget(nbytes, mode="planned")
     for k in range(3):
         opt.zero_grad(set_to_none=True)

@@ -148,6 +148,42 @@ def test_one_session_per_step_with_a_stateful_optimizer_is_bitwise_eager(build, 
     assert_bitwise(got, ref)
 
 
+@pytest.mark.parametrize("micro", [1, 2], ids=["one-session", "two-micro-batches"])
+def test_what_an_earlier_session_left_alive_counts_from_the_next_ones_start(micro):
+    """A meter around the whole loop, not per session: AdamW's state from the first step
+    and (accumulating over two sessions) the gradients of the first micro-batch are alive
+    through the forward and backward of the next session, so they count from its start.
+    Before, the state entered only when the optimizer stepped and the gradients when
+    backward reached them, and real memory passed the budget by them (1.30x on an MLP)."""
+    model, loss_fn = llama()
+    make = OPTIMIZERS["adamw-foreach"]
+    budget = tight(model, loss_fn, make, 2)
+
+    def loop(m, budget):
+        torch.manual_seed(1)
+        opt, losses = make(m.parameters()), []
+        for _ in range(3):
+            for i in range(micro):
+                with membudget.budget(budget) if budget else contextlib.nullcontext():
+                    loss = loss_fn(m)
+                    loss.backward()
+                    if i == micro - 1:
+                        opt.step()
+                        opt.zero_grad(set_to_none=True)
+                losses.append(loss.item())
+                del loss
+        return losses
+
+    ref = copy.deepcopy(model)
+    ref_losses = loop(ref, None)
+    with StorageMeter() as meter:
+        losses = loop(model, budget)
+    assert meter.peak_bytes <= budget
+    assert losses == ref_losses
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
 def test_a_decorated_step_function_across_steps_is_bitwise_eager():
     model, loss_fn = cnn()
     make = OPTIMIZERS["adamw-foreach"]
@@ -221,10 +257,11 @@ def _fail_in(phase: str):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
     _eager_step(model, loss_fn, opt)
     params = sum(p.numel() * 4 for p in model.parameters())
-    # forward needs the parameters and a little; backward the gradients too; the update
-    # of AdamW (foreach) makes whole lists of temporaries
-    budget = int(params * (1.2 if phase == "backward" else 2.5))
+    # forward needs the parameters, AdamW's two moments and a little; backward the
+    # gradients too; the update of AdamW (foreach) makes whole lists of temporaries
+    budget = int(params * (3.2 if phase == "backward" else 4.5))
     opt.zero_grad(set_to_none=True)
+    reached = "forward"
     with pytest.raises(BudgetTooSmallError) as err, membudget.budget(budget):
         loss = loss_fn(model)
         reached = "backward"

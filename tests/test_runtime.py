@@ -222,8 +222,8 @@ def test_a_budget_too_small_names_the_op_and_leaves_the_process_usable():
     ref = reference(model, loss_fn, state)
     params = sum(p.untyped_storage().nbytes() for p in model.parameters())
     # below the parameters: they are adopted as the model first runs, and all are counted
-    with pytest.raises(BudgetTooSmallError, match=r"parameters and buffers of Sequential.*"
-                       r"needs a budget of at least") as err:
+    with pytest.raises(BudgetTooSmallError, match=r"parameters, gradients and buffers of "
+                       r"Sequential.*needs a budget of at least") as err:
         run(model, loss_fn, state, 50_000, "dtr")
     assert err.value.needed_bytes == params
     # room for them, not for an op's working set: the op is named
@@ -235,9 +235,12 @@ def test_a_budget_too_small_names_the_op_and_leaves_the_process_usable():
 
 
 def test_an_optimizers_state_is_adopted_at_once_and_named_when_it_does_not_fit():
-    """AdamW's state (made in an earlier step) enters before it steps, in one run: where
-    parameters, gradients and the state cannot all be held, the error names the optimizer and
-    the bytes of all its state; a session with room then steps as eager does."""
+    """AdamW's state (made in an earlier step) is alive from the session's start: it enters
+    with the parameters it updates, in one run, before their module first runs; where they
+    cannot all be held, the error names the module and the optimizer and the bytes of all of
+    it. An optimizer whose state was loaded and that has not stepped since (no list of them
+    exists) brings its state in just before it steps, named so. A session with room then
+    steps as eager does."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
     ref = copy.deepcopy(model)
@@ -251,13 +254,22 @@ def test_an_optimizers_state_is_adopted_at_once_and_named_when_it_does_not_fit()
     moments = sum(v.untyped_storage().nbytes() for per in opts[0].state.values()
                   for v in per.values())
     assert moments > 2 * params  # the two moments and the step counts
+    with (pytest.raises(BudgetTooSmallError,
+                        match=r"adopting the parameters, gradients and buffers of Sequential "
+                              r"and the state of AdamW") as err,
+          membudget.budget(3 * params, "dtr")):
+        model(x).sum().backward()
+    assert err.value.request_bytes == params + moments
+    loaded = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loaded.load_state_dict(opts[0].state_dict())
+    opts[0] = None  # (alive, its state would be adopted with the parameters again)
     with (pytest.raises(BudgetTooSmallError, match=r"adopting the state of AdamW") as err,
           membudget.budget(3 * params, "dtr")):
         model(x).sum().backward()
-        opts[0].step()
+        loaded.step()
     assert err.value.request_bytes == moments
-    opts[0].zero_grad(set_to_none=True)
-    for m, opt, budget in ((model, opts[0], 5 * params), (ref, opts[1], None)):
+    loaded.zero_grad(set_to_none=True)
+    for m, opt, budget in ((model, loaded, 5 * params), (ref, opts[1], None)):
         with membudget.budget(budget) if budget else contextlib.nullcontext():
             m(x).sum().backward()
             opt.step()
@@ -274,7 +286,8 @@ def test_a_mode_entered_inside_the_session_does_not_stop_it_adopting_the_model()
     model, loss_fn = mlp()
     state = copy.deepcopy(model.state_dict())
     ref = reference(model, loss_fn, state)
-    with (pytest.raises(BudgetTooSmallError, match=r"parameters and buffers of Sequential"),
+    with (pytest.raises(BudgetTooSmallError,
+                        match=r"parameters, gradients and buffers of Sequential"),
           membudget.budget(50_000), StorageMeter()):
         loss_fn(model).backward()
     loss, _ = run(model, loss_fn, state, 10**9, "dtr")  # and a new session works

@@ -104,7 +104,7 @@ def _worker(rank: int, world: int, port: int, results: dict) -> None:
         step(plain, plain_opt)
         grads, free = budgeted(10**9)
         plain_grads = step(plain, plain_opt)
-        budget = free.peak_bytes * 3 // 5
+        budget = free.peak_bytes * 7 // 10
         steps = [(free.evictions, free.peak_bytes <= budget,
                   all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True)))]
         for _ in range(STEPS):

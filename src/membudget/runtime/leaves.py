@@ -22,11 +22,14 @@ and recomputing one would rerun the backward pass up to it.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import (
     _get_current_dispatch_mode_stack,
     is_traceable_wrapper_subclass,
@@ -51,6 +54,7 @@ class Leaves:
         self.bases: dict[int, Tensor] = {}  # real storage -> its leaf
         self.adopted: set[int] = set()  # ids of the modules and optimizers adopted
         self._hook = register_module_forward_pre_hook(self._adopt_module)
+        _know_optimizers()
         self._grad_hooks: list[Any] = []
         self.freed: dict[int, torch.Tensor] = {}  # engine tensor id -> its value, while freed
 
@@ -162,25 +166,32 @@ class Leaves:
         return {h.id: x for x, h in self.by_view.values() if h.producer is None}
 
     def _adopt_module(self, module: torch.nn.Module, args: Any) -> None:
-        """Before a module first runs in the session, adopt all its parameters and buffers
-        (its submodules' included)."""
+        """Before a module first runs in the session, adopt all its parameters, their
+        gradients (accumulated in an earlier session) and its buffers, its submodules'
+        included, and the state of every optimizer known to update one of them: all of it
+        is alive from the session's start, so it counts from the first op that needs room."""
         if self._adopts(module):
             self.adopted.update(id(m) for m in module.modules())
-            self._adopt_together([*module.parameters(), *module.buffers()],
-                                 f"the parameters and buffers of {type(module).__name__}")
+            params = list(module.parameters())
+            ids = {id(p) for p in params}
+            opts = [o for o in list(_optimizers) if self._adopts(o)
+                    and any(id(p) in ids for g in o.param_groups for p in g["params"])]
+            self.adopted.update(id(o) for o in opts)
+            what = f"the parameters, gradients and buffers of {type(module).__name__}"
+            if opts:
+                what += f" and the state of {', '.join(type(o).__name__ for o in opts)}"
+            self._adopt_together([*params, *(p.grad for p in params if p.grad is not None),
+                                  *module.buffers(), *(v for o in opts for v in _state(o))],
+                                 what)
 
     def adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Before an optimizer first steps in the session (the session's step hook calls
-        this), adopt all its state on its parameters' devices (moments, step counts), made
-        in an earlier step: tensor by tensor, as the step reads it, each would land in a hole
-        the step's temporaries left, and these leaves, which nothing can move, would split
-        the pool."""
+        this), adopt all its state that its parameters' module did not: tensor by tensor,
+        as the step reads it, each would land in a hole the step's temporaries left, and
+        these leaves, which nothing can move, would split the pool."""
         if self._adopts(optimizer):
             self.adopted.add(id(optimizer))
-            self._adopt_together([v for p, per in optimizer.state.items()
-                                  for v in per.values()
-                                  if isinstance(v, torch.Tensor) and v.device == p.device],
-                                 f"the state of {type(optimizer).__name__}")
+            self._adopt_together(_state(optimizer), f"the state of {type(optimizer).__name__}")
 
     def _adopts(self, owner: object) -> bool:
         """Is ``owner`` (a module, an optimizer) about to run in this thread's session for
@@ -228,6 +239,33 @@ class Leaves:
 
         with _below(session):  # (a view of a leaf is an op: it must not come back here)
             session.guarded(adopt_all)
+
+
+def _state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """An optimizer's state on its parameters' devices (moments, step counts)."""
+    return [v for p, per in optimizer.state.items() for v in per.values()
+            if isinstance(v, torch.Tensor) and v.device == p.device]
+
+
+def _note(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    _optimizers.add(optimizer)
+
+
+# The optimizers a session knows of, to adopt the state of those that update its modules'
+# parameters with them: all that existed when the process's first session began, and every
+# one that has stepped since (torch keeps no list of them; one made later whose state was
+# loaded, and that has not stepped yet, is adopted when it first steps in a session).
+_optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+_noting: list[Any] = []  # the global pre-step hook that keeps them
+
+
+def _know_optimizers() -> None:
+    """At the process's first session: find the optimizers alive, and keep those that step
+    from now on."""
+    if not _noting:
+        _noting.append(register_optimizer_step_pre_hook(_note))
+        optimizer = torch.optim.Optimizer  # (by type: isinstance asks proxies, which warn)
+        _optimizers.update(o for o in gc.get_objects() if issubclass(type(o), optimizer))
 
 
 def _inner(x: torch.Tensor) -> list[torch.Tensor]:
