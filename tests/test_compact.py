@@ -409,14 +409,14 @@ def test_pinned_state_at_the_top_and_sliding_complete_a_step_plain_best_fit_cann
 
 
 def test_an_rwkv_trained_with_adamw_completes_where_dtr_eq_does():
-    """A transformers RWKV with AdamW, a new default session per step, at 0.55 of its eager
-    peak (StorageMeter), where dtr-eq completes. It ran out at 0.36 in its first step (free
-    bytes in pieces that only compacting the pool gathers) and at 0.35 in its second
-    (AdamW's state, made in the first step and adopted as the step read it, landed in holes
-    all over the pool; now it is adopted in one run). Since that state counts from each
-    session's start, dtr-eq completes from 0.42; near there the default's eviction searches
-    take about 23 ms each, and at 0.45 its step takes 14x dtr-eq's. Losses and parameters
-    stay bitwise eager's, and the meter within the budget."""
+    """A transformers RWKV with AdamW, a new default session per step, at 0.45 of its eager
+    peak (StorageMeter), where dtr-eq completes (from 0.42, since AdamW's state counts from
+    each session's start). It ran out at 0.36 in its first step (free bytes in pieces that
+    only compacting the pool gathers) and at 0.35 in its second (AdamW's state, made in the
+    first step and adopted as the step read it, landed in holes all over the pool; now it is
+    adopted in one run). Its long evicted chains made each of DTR's exact searches take
+    25 ms here, a step 14x dtr-eq's (benchmarks/search_speed.py). Losses and parameters stay
+    bitwise eager's, and the meter within the budget."""
     from transformers import RwkvConfig, RwkvForCausalLM
 
     torch.manual_seed(0)
@@ -431,7 +431,7 @@ def test_an_rwkv_trained_with_adamw_completes_where_dtr_eq_does():
         loss = ref(input_ids=ids, labels=ids).loss
         loss.backward()
         ref_opt.step()
-    nbytes = int(meter.peak_bytes * 0.55)
+    nbytes = int(meter.peak_bytes * 0.45)
     losses = [loss.item()]
     for _ in range(2):
         ref_opt.zero_grad(set_to_none=True)

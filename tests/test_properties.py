@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 from membudget.core import ComputePath, Engine, Executor, Storage, Tensor
 from membudget.core.allocators import ALLOCATORS
 from membudget.core.policies import POLICIES, make_policy
+from membudget.core.policies.base import Policy
+from membudget.core.policies.cost import evicted_region_cost
 from membudget.core.pool import CandidatePool
 from membudget.errors import OutOfBudget
 
@@ -345,3 +347,54 @@ def test_budget_holding_every_storage_never_evicts(instrs, allocator):
             continue
         assert reads == expected, policy
         assert eng.stats.evictions == 0 and eng.stats.remat_ops == 0
+
+
+class CheckedDTR(Policy):
+    """DTR, each choice checked against the exact score of every candidate: its branch and
+    bound skips candidates by lower bounds it keeps across searches (reset only around the
+    regions a rematerialization shrinks) and by region costs it memoizes along chains."""
+
+    name = "checked-dtr"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = make_policy("dtr")
+        self.checked = 0
+
+    def attach(self, engine: Engine) -> None:
+        super().attach(engine)
+        self.inner.attach(engine)
+
+    def choose(self, pool: CandidatePool, clock: float) -> Storage:
+        got = self.inner.choose(pool, clock)
+        scores = []
+        for i, s in enumerate(pool.items):
+            d = float(pool.nbytes[i]) * (clock - float(pool.last[i]))
+            c = (float(pool.cost[i]) + evicted_region_cost(s, False)
+                 + evicted_region_cost(s, True))
+            scores.append(c / d if d > 0 else math.inf)
+        best = min(scores)
+        assert scores[got.slot] == best or math.isclose(scores[got.slot], best, rel_tol=1e-9)
+        self.checked += 1
+        return got
+
+    def on_evict(self, s: Storage) -> None:
+        self.inner.on_evict(s)
+
+    def on_remat(self, s: Storage) -> None:
+        self.inner.on_remat(s)
+
+    def on_forget(self, s: Storage) -> None:
+        self.inner.on_forget(s)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(instrs=programs(), fraction=st.sampled_from([0.25, 0.4, 0.5, 0.6, 0.75]),
+       inplace=INPLACE)
+def test_dtr_chooses_the_exact_minimum_of_its_score(instrs, fraction, inplace):
+    expected, ref = reference(instrs)
+    budget = int(ref.peak_bytes * fraction)
+    for free_dead in (True, False):
+        policy = CheckedDTR()
+        reads, _ = run_constrained(instrs, budget, policy, free_dead, inplace=inplace)
+        assert reads is None or reads == expected

@@ -77,6 +77,7 @@ class DTRCompact(DTR):
             raise MembudgetError(f"tries must be >= 1, got {tries}")
         if remat_share is not None and not remat_share > 0:
             raise MembudgetError(f"remat_share must be > 0 or None, got {remat_share}")
+        super().__init__()
         self.fallback = fallback
         self.tries = tries
         self.slide = slide
