@@ -556,6 +556,54 @@ def test_tensors_deep_copied_inside_a_session_are_copied_as_torch_copies_them():
     assert torch.equal(got[2], ref[2]) and got[2].tolist() == [2.0, 100.0, 50.0]
 
 
+def test_a_model_built_in_a_session_converts_with_to_inside_it_as_eager_does():
+    """``module.to(dtype)`` sets ``.data`` of each parameter when the old and new tensors are
+    of one kind, as two wrappers are: each wrapper took the float64 metadata but kept
+    standing for its float32 value (a matmul then refused the mixed dtypes). Now it stands
+    for the converted value: values and gradients equal eager's, bitwise, and the
+    parameters leave the session as float64 ``nn.Parameter`` s. ``.data =`` with a tensor
+    from outside the session is refused by name."""
+    def run(inside=None):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)).to(torch.float64)
+        x = torch.randn(32, 8, dtype=torch.float64)
+        m(x).pow(2).mean().backward()
+        if inside is not None:
+            with pytest.raises(MembudgetError, match=r"takes only a tensor made in that session"):
+                m[0].bias.data = inside
+        return m
+
+    ref = run()
+    outside = torch.zeros(16, dtype=torch.float64)
+    with membudget.budget("1 MiB"):
+        got = run(outside)
+    for p, q in zip(got.parameters(), ref.parameters(), strict=True):
+        assert type(p) is nn.Parameter and p.dtype == torch.float64
+        assert torch.equal(p, q) and torch.equal(p.grad, q.grad)
+
+
+def test_a_parameter_from_before_the_session_given_a_sessions_data_is_named_and_the_fix_works():
+    """``p.data = new`` with ``new`` made in the session gives a plain parameter a wrapper's
+    storage, which has no data: the next op failed in torch ("data is not allocated yet").
+    It is now named, with the fix, and the fix (writing the values in) trains as eager."""
+    torch.manual_seed(0)
+    m = nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    with (pytest.raises(MembudgetError, match=r"p\.data = new.*p\.copy_\(new\)"),
+          membudget.budget("1 MiB"), torch.no_grad()):
+        m.weight.data = m.weight * 0.5
+        m(x)
+    torch.manual_seed(0)
+    m, ref = nn.Linear(4, 4), nn.Linear(4, 4)
+    ref.load_state_dict(m.state_dict())
+    for net, budget in ((m, "1 MiB"), (ref, None)):
+        with membudget.budget(budget) if budget else contextlib.nullcontext():
+            with torch.no_grad():
+                net.weight.copy_(net.weight * 0.5)
+            net(x).sum().backward()
+    assert torch.equal(m.weight, ref.weight) and torch.equal(m.weight.grad, ref.weight.grad)
+
+
 def test_an_activation_that_retains_its_grad_is_handed_back_with_it():
     """``retain_grad()`` makes autograd hold a weak reference to the tensor itself, so torch
     refuses to swap it for a plain one at the session's end (before: RuntimeError "Expected

@@ -80,6 +80,14 @@ class Leaves:
         hit = self.by_view.get(key)
         if hit is not None:
             return hit[1]
+        if type(x) in (torch.Tensor, torch.nn.Parameter) and _holds_no_data(st):
+            kind = "parameter" if isinstance(x, torch.nn.Parameter) else "tensor"
+            raise MembudgetError(
+                f"an op of the session reads a {kind} made before it whose data was set to "
+                "a tensor the session made (`p.data = new` inside the session): a tensor from "
+                "outside cannot hold data the session owns, and what it held is lost. Write "
+                "the values in instead (`with torch.no_grad(): p.copy_(new)`), or assign a "
+                "new parameter (`module.weight = nn.Parameter(new)`)")
         session = self.session
         eng, executor, rec = session.engine, session.executor, session.recording
         assert eng is not None
@@ -239,6 +247,16 @@ class Leaves:
 
         with _below(session):  # (a view of a leaf is an op: it must not come back here)
             session.guarded(adopt_all)
+
+
+def _holds_no_data(st: torch.UntypedStorage) -> bool:
+    """Is ``st`` a wrapper's storage, which has no data (a plain tensor gets one when its
+    ``.data`` is set to a wrapper)?"""
+    try:
+        st.data_ptr()
+    except RuntimeError:
+        return True
+    return False
 
 
 def _state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -79,6 +79,15 @@ class References:
             wrapper._ref.handle = new
         self.held[new] = wrapper_of
 
+    def swap(self, a: RematTensor, b: RematTensor) -> None:
+        """Wrappers ``a`` and ``b`` exchange the engine tensors they stand for (and the
+        references that release them when they die)."""
+        a._ref, b._ref = b._ref, a._ref
+        for w in (a, b):
+            h = w._ref.handle
+            if h is not None and h in self.held:
+                self.held[h] = weakref.ref(w)
+
     def wrappers(self) -> list[tuple[Tensor, RematTensor]]:
         """Every held tensor whose wrapper is alive, with that wrapper."""
         alive = []

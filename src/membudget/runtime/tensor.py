@@ -104,6 +104,30 @@ class RematTensor(torch.Tensor):
 
         return deep_copy(self, memo)
 
+    @property
+    def data(self) -> torch.Tensor:
+        return _base_data.__get__(self)
+
+    @data.setter
+    def data(self, new: torch.Tensor) -> None:
+        """``x.data = new`` (``module.to()``, ``.half()`` and ``.cuda()`` do it to the
+        parameters of a model built in the session): ``x`` stands for a view of ``new``'s
+        value from now on, as a plain tensor would share ``new``'s storage."""
+        session = self._ref.session
+        alias = None
+        if session is not None and session.engine is not None and type(new) is RematTensor \
+                and new._ref.session is session:
+            with torch.no_grad():
+                alias = new.detach()  # the session's own view of that value (this thread's)
+        if type(alias) is not RematTensor:
+            raise MembudgetError(
+                "`.data = new` on a tensor of a membudget session takes only a tensor made "
+                "in that session, while it runs in this thread; convert the model before or "
+                "after the session, or write the values in (`with torch.no_grad(): "
+                "x.copy_(new)`)")
+        _base_data.__set__(self, alias)  # (its sizes, strides, dtype and device)
+        session.refs.swap(self, alias)  # (alias, dying, lets go of what self stood for)
+
     def tolist(self) -> Any:
         return value_of(self).tolist()
 
@@ -112,6 +136,7 @@ class RematTensor(torch.Tensor):
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
+_base_data = torch._C.TensorBase.data
 
 
 def wrap(value: torch.Tensor, ref: Ref) -> RematTensor:
