@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from membudget.core import ComputePath, Engine, Executor, Storage, Tensor
 from membudget.core.allocators import ALLOCATORS
 from membudget.core.policies import POLICIES, make_policy
-from membudget.core.policies.base import Policy
 from membudget.core.policies.cost import evicted_region_cost
 from membudget.core.pool import CandidatePool
 from membudget.errors import OutOfBudget
+from membudget.sim.evictions import _Wrapper
 
 
 class LostValue(AssertionError):
@@ -349,21 +349,16 @@ def test_budget_holding_every_storage_never_evicts(instrs, allocator):
         assert eng.stats.evictions == 0 and eng.stats.remat_ops == 0
 
 
-class CheckedDTR(Policy):
+class CheckedDTR(_Wrapper):
     """DTR, each choice checked against the exact score of every candidate: its branch and
     bound skips candidates by lower bounds it keeps across searches (reset only around the
-    regions a rematerialization shrinks) and by region costs it memoizes along chains."""
+    regions a rematerialization shrinks) and by chain costs it keeps between evictions."""
 
     name = "checked-dtr"
 
     def __init__(self) -> None:
-        super().__init__()
-        self.inner = make_policy("dtr")
+        super().__init__(make_policy("dtr"))
         self.checked = 0
-
-    def attach(self, engine: Engine) -> None:
-        super().attach(engine)
-        self.inner.attach(engine)
 
     def choose(self, pool: CandidatePool, clock: float) -> Storage:
         got = self.inner.choose(pool, clock)
@@ -378,14 +373,8 @@ class CheckedDTR(Policy):
         self.checked += 1
         return got
 
-    def on_evict(self, s: Storage) -> None:
-        self.inner.on_evict(s)
-
-    def on_remat(self, s: Storage) -> None:
-        self.inner.on_remat(s)
-
-    def on_forget(self, s: Storage) -> None:
-        self.inner.on_forget(s)
+    def victims(self, pool: CandidatePool, clock: float, request: Storage) -> list[Storage]:
+        return [self.choose(pool, clock)]  # (as DTR's: one at a time, by its choice)
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
