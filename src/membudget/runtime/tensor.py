@@ -110,9 +110,9 @@ class RematTensor(torch.Tensor):
 
     @data.setter
     def data(self, new: torch.Tensor) -> None:
-        """``x.data = new`` (``module.to()``, ``.half()`` and ``.cuda()`` do it to the
-        parameters of a model built in the session): ``x`` stands for a view of ``new``'s
-        value from now on, as a plain tensor would share ``new``'s storage."""
+        """``x.data = new`` (``module.to(dtype)`` and ``.half()`` do it to the parameters of
+        a model built in the session): ``x`` stands for a view of ``new``'s value from now
+        on, as a plain tensor would share ``new``'s storage."""
         session = self._ref.session
         alias = None
         if session is not None and session.engine is not None and type(new) is RematTensor \
