@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_compact import segformer
+from test_compact import segformer, state_bytes
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -122,9 +122,7 @@ def ratio_of_peak(ratio: float, trainer: Trainer, out) -> int:
     """``ratio`` of the real peak of ``trainer``'s step ``out``, with its optimizer's state:
     alive through forward and backward, where no op touches it (so the step's meter does
     not see it), it is what a later step's session counts from its start."""
-    state = sum(v.untyped_storage().nbytes() for per in trainer.opt.state.values()
-                for v in per.values() if isinstance(v, torch.Tensor))
-    return int(ratio * (out[2] + state))
+    return int(ratio * (out[2] + state_bytes(trainer.opt)))
 
 
 @pytest.mark.parametrize("make, inputs, ratio", [(mlp, batch, 0.6), (cnn, images, 0.7)],
