@@ -94,6 +94,69 @@ def test_both_counts_the_evicted_ancestors_a_recomputation_needs():
     assert (eng.stats.swap_ins, eng.stats.remat_ops) == (1, 0)
 
 
+def test_a_released_value_with_a_finished_host_copy_stays_there_for_its_descendants():
+    # Budget = leaf + 3. c's allocation sends f to the host (LRU); as op c starts the idle
+    # link backs up the oldest value still resident, a (ready at 2211, while c runs to
+    # 3111). b is then evicted: its round trip (at least 200) costs more than its op (10),
+    # so it is dropped. Released, a leaves for its finished copy rather than being dropped:
+    # copying it back (100) costs less than its op (1000). Reading b then recomputes b alone
+    # (10) and copies a back, where dropping a would have recomputed both (1010).
+    eng = Engine(4 * B, "lru", "fungible", executor(overlap=True), swap="both")
+    x0 = eng.put(B)
+    (f,) = eng.apply("f", [x0], [B], cost=1000.0)
+    (a,) = eng.apply("a", [x0], [B], cost=1000.0)
+    (b,) = eng.apply("b", [a], [B], cost=10.0)
+    eng.apply("c", [b], [B], cost=1000.0)
+    assert f.storage.swapped and a.storage.host_ready == 2211.0 < eng.clock
+    eng.evict(b)
+    assert b.storage.evicted
+    eng.release(a)
+    st = eng.stats
+    assert a.storage.swapped and not a.storage.evicted
+    assert (st.shelved, st.eager_evictions, st.swap_outs) == (1, 1, 1)
+    eng.get_value(b)
+    assert (st.swap_ins, st.remat_ops, st.remat_cost) == (1, 1, 10.0)
+    assert eng.peak_bytes <= 4 * B
+
+
+def test_a_live_released_value_comes_back_from_the_host_for_a_recomputation():
+    # Priced by a cost function: the matmul costs 1 s, everything else 1 ns, a copy what
+    # this machine's memory bandwidth says (microseconds). a goes to the host and back (its
+    # host copy stays); b, cheaper to recompute than to copy, is dropped; released, a
+    # leaves for its host copy; reading b copies a back and recomputes b alone.
+    def cost(func, args, kwargs, out):
+        return 1.0 if func is torch.ops.aten.mm.default else 1e-9
+
+    x, w = torch.randn(64, 128), torch.randn(128, 64)
+    ref = x @ w + 1
+    with membudget.budget("64 MiB", swap="both", cost=cost) as session:
+        a = x.clone() @ w.clone()
+        b = a + 1
+        assert session.evict(a)
+        a.value()
+        assert session.evict(b)
+        del a
+        st = session.engine.stats
+        assert (st.swap_outs, st.evictions, st.shelved) == (1, 2, 1)
+        assert torch.equal(b.value(), ref)
+        assert (st.swap_ins, st.remat_ops) == (2, 1)
+
+
+def test_released_values_kept_on_the_host_spare_their_chains_on_unroll_gan():
+    # The DTR paper's unroll_gan at 0.2 of its peak: dropped, the values it releases were
+    # rebuilt through chains of released ancestors, and "both" thrashed like recomputation
+    # alone; kept on the host, it completes.
+    from membudget.sim import simulate
+    from membudget.trace import expand_sources, load_trace
+
+    (src,) = [s for s in expand_sources([str(LOGS)]) if "unroll_gan" in s]
+    trace = load_trace(src)
+    off, both = (simulate(trace, "dtr", ratio=0.2, swap=m) for m in ("off", "both"))
+    assert off.status == "thrashed"
+    assert both.status == "ok" and both.peak_bytes <= both.budget_bytes
+    assert both.extra["shelved"] > 0 and both.overhead < 0.5
+
+
 def test_overlapped_copies_wait_only_for_what_is_unfinished():
     # With copy streams: x3's allocation (clock 2001) sends x1 to the host with no backup
     # yet, a wait of its whole copy (100). As op3 starts (2101) the idle link backs up the

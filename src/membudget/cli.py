@@ -198,7 +198,8 @@ def simulate(
     if result.swap != "off":
         out.print(f"swaps         {x['swap_outs']} out, {x['swap_ins']} in, "
                   f"{format_bytes(x['swapped_bytes'])} copied to host ({x['backups']} backed "
-                  f"up and {x['prefetches']} brought back ahead), waits {x['swap_stall']:.4g}, "
+                  f"up and {x['prefetches']} brought back ahead; {x['shelved']} released there), "
+                  f"waits {x['swap_stall']:.4g}, "
                   "host peak "
                   f"{format_bytes(x['host_peak'])}")
     out.print(f"search        p50 {s['p50']:.1f} µs, p99 {s['p99']:.1f} µs, max {s['max']:.1f} "

@@ -71,12 +71,13 @@ class Engine:
     "only": it is copied to host memory and copied back (no compute history is kept, so
     nothing is ever recomputed). "both": the copies where they cost less than rebuilding it
     (its op and the evicted ancestors it needs, see ``_let_go``); every policy weighs the
-    cheaper of its copies and its own recomputation (``_return_cost``). Where the
-    executor owns the bytes of pinned storages (``swaps_pinned``: the simulator), they go to
-    the host as a last resort, when no candidate is left and room is still short: the
-    least recently used first (as ZeRO-Offload keeps optimizer state on the host), so a run
-    that fits without them makes the same decisions as before. Copies are
-    priced, and run, by the executor; the ops' waits for them count in the overhead. An
+    cheaper of its copies and its own recomputation (``_return_cost``); a value the program
+    releases whose host copy has finished stays there where that is cheaper (``_shelves``).
+    Where the executor owns the bytes of pinned storages (``swaps_pinned``: the simulator),
+    they go to the host as a last resort, when no candidate is left and room is still short:
+    the least recently used first (as ZeRO-Offload keeps optimizer state on the host), so a
+    run that fits without them makes the same decisions as before. Copies are priced, and
+    run, by the executor; the ops' waits for them count in the overhead. An
     executor whose copies overlap the ops gets values backed up to the host ahead of need,
     oldest first, whenever its link is idle and memory has run short once, and swapped
     values brought back ahead of need, the one made last first, while the link back is idle
@@ -353,7 +354,10 @@ class Engine:
         if not s.children and self.free_dead:
             self._free(s)
         elif s.resident and (not s.pinned or not self.keep_released_leaves):
-            self._evict(s)
+            if self._shelves(s):
+                self._shelve(s)
+            else:
+                self._evict(s)
             self.stats.eager_evictions += 1
 
     def get_value(self, t: Tensor) -> object:
@@ -768,6 +772,25 @@ class Engine:
             self._evict(s)
         else:
             self._swap_out(s)
+
+    def _shelves(self, s: Storage) -> bool:
+        """Does released ``s`` go to the host rather than be dropped? With "both", where its
+        host copy has finished (leaving costs no copy and no wait) and copying it back costs
+        less than rebuilding it. A released value is read again only by the recomputation
+        of a dropped descendant, often after its own parents have been released too: dropped,
+        it is rebuilt through that whole chain (on the DTR paper's unroll_gan at 0.2 of its
+        peak, such chains cost 74 % of the step and the run thrashed)."""
+        return (self.swap == "both" and not s.pinned and s.host_ready <= self.clock
+                and self.executor.transfer(s) < self._rebuild_cost(s))
+
+    def _shelve(self, s: Storage) -> None:
+        """Released ``s`` leaves for its finished host copy: no copy, no wait, and no
+        prefetch (only a recomputation can read it, if one ever does)."""
+        self.executor.swap_out(s, self.clock)  # (the executor notes what to bring back)
+        self._held[s] = [t for t in s.tensors if t.defined]
+        self._drop(s, True)
+        s.swapped = True
+        self.stats.shelved += 1
 
     def _swap_out(self, s: Storage) -> None:
         """Copy ``s`` to host memory (unless a copy is there already) and free its block."""

@@ -31,6 +31,7 @@ class Stats:
     swap_ins: int = 0  # storages copied back from host memory
     swapped_bytes: int = 0  # bytes copied to host memory (backups included)
     backups: int = 0  # host copies made ahead of need while the link was idle
+    shelved: int = 0  # released storages kept on the host (a finished copy), not dropped
     prefetches: int = 0  # values copied back ahead of need while the link was idle
     swap_stall: float = 0.0  # time the ops waited for copies to or from host memory
     host_bytes: int = 0  # bytes of host copies held now

@@ -83,6 +83,7 @@ class SessionStats:
     swap_outs: int = 0  # values evicted to host memory (swap="only" or "both")
     swap_ins: int = 0  # values copied back
     swapped_bytes: int = 0  # bytes copied to host memory
+    shelved: int = 0  # released values kept on the host (their copy made), not dropped
     swap_seconds: float = 0.0  # the measured time of the copies both ways
 
     @classmethod
@@ -98,5 +99,5 @@ class SessionStats:
                    st.search_us(), st.fragmentation_summary(), device_peak_bytes,
                    st.failed_allocations, moves=st.moves, moved_bytes=st.moved_bytes,
                    move_seconds=st.move_cost / 1e9, swap_outs=st.swap_outs,
-                   swap_ins=st.swap_ins, swapped_bytes=st.swapped_bytes,
+                   swap_ins=st.swap_ins, swapped_bytes=st.swapped_bytes, shelved=st.shelved,
                    swap_seconds=swap_ns / 1e9)

@@ -236,6 +236,7 @@ def simulate(trace: Trace, policy: str, *, ratio: float | None = None,
                                 "move_cost": st.move_cost,
                                 **({"swap_outs": st.swap_outs, "swap_ins": st.swap_ins,
                                     "swapped_bytes": st.swapped_bytes, "backups": st.backups,
+                                    "shelved": st.shelved,
                                     "prefetches": st.prefetches,
                                     "swap_stall": st.swap_stall, "host_peak": st.host_peak}
                                    if swap != "off" else {}),
