@@ -250,10 +250,9 @@ def tight_share(misses: list[str], reserved: dict[str, float]) -> str:
             f"{len(misses)} cells outside the target.")
 
 
-def reservation(results: list[SimResult], method: str, reserved: dict[str, float]) -> str:
-    """The torch-caching pool's own reservation per trace, beside ``method``'s cells
-    outside the target there."""
-    *_, misses = against_limit(results, method)
+def reservation(misses: list[str], reserved: dict[str, float]) -> str:
+    """The torch-caching pool's own reservation per trace, beside the cells outside the
+    target there (``misses``, as :func:`against_limit` names them)."""
     lines = ["| trace | reserved / live, no budget | cells outside the target |",
              "|---|---:|---:|"]
     for name, ratio in sorted(reserved.items(), key=lambda kv: -kv[1]):
@@ -346,7 +345,7 @@ def main() -> None:
                 "of the peak is below what the pool reserves for a step that evicts nothing, "
                 "and every method pays for the pool before the policy chooses. "
                 + tight_share(misses, reserved) + " (Computed when this page was written, "
-                "from the same traces.)", "", reservation(results, default, reserved), ""]
+                "from the same traces.)", "", reservation(misses, reserved), ""]
         lines += [(f"`{default}` is at least as good as coop and dte in every column."
                    if not lost else
                    f"Columns where `{default}` is not at least as good as coop and dte: "

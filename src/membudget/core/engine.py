@@ -786,15 +786,12 @@ class Engine:
     def _shelve(self, s: Storage) -> None:
         """Released ``s`` leaves for its finished host copy: no copy, no wait, and no
         prefetch (only a recomputation can read it, if one ever does)."""
-        self.executor.swap_out(s, self.clock)  # (the executor notes what to bring back)
-        self._held[s] = [t for t in s.tensors if t.defined]
-        self._drop(s, True)
-        s.swapped = True
+        self._leave(s)
         self.stats.shelved += 1
 
-    def _swap_out(self, s: Storage) -> None:
-        """Copy ``s`` to host memory (unless a copy is there already) and free its block."""
-        st = self.stats
+    def _leave(self, s: Storage) -> float:
+        """``s`` goes to host memory (copied unless a copy is there already) and its block
+        is freed; return how long the ops wait for its copy."""
         stall = self.executor.swap_out(s, self.clock)
         if s.host_ready == math.inf:
             self._hosted(s)
@@ -802,7 +799,12 @@ class Engine:
         self._held[s] = [t for t in s.tensors if t.defined]
         self._drop(s, True)
         s.swapped = True
-        st.swap_outs += 1
+        return stall
+
+    def _swap_out(self, s: Storage) -> None:
+        """Copy ``s`` to host memory (unless a copy is there already) and free its block."""
+        stall = self._leave(s)
+        self.stats.swap_outs += 1
         if self._backlog is not None:
             self._arriving.pop(s, None)
             self._departures += 1
