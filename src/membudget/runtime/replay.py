@@ -32,6 +32,7 @@ session as a pinned leaf, and the rest of the step runs dynamically, within the 
 
 from __future__ import annotations
 
+import heapq
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -567,14 +568,27 @@ class ReplayPlan:
         return [u for _, u in sorted(units)]
 
     def choose(self, target: int) -> tuple[dict[Key, Closure], int] | None:
-        """Which values to drop so that the forecast peak is at most ``target``: storages
-        cheapest to recompute per byte first, each if it does not raise the peak and
-        shortens the time spent above ``target`` (a drop can lower one of several equal
-        peaks), in passes until it fits; then keep again, most expensive first, every one
-        the fit does not need. None if no set found fits."""
+        """Which values to drop so that the forecast peak is at most ``target``: of two
+        greedy fills (:meth:`_fill_by_bytes`, :meth:`_fill_by_margin`), each then pruned
+        (:meth:`_prune`), the one whose recomputations cost least
+        (:meth:`recompute_cost`). None if neither fits."""
+        units = self.units()
+        fits = [self._prune(c, units, target) for c in
+                (self._fill_by_bytes(units, target), self._fill_by_margin(units, target))
+                if c is not None]
+        if not fits:
+            return None
+        closures = min(fits, key=self.recompute_cost)
+        return closures, self.peak(closures)
+
+    def _fill_by_bytes(self, units: list[tuple[Key, ...]], target: int
+                       ) -> dict[Key, Closure] | None:
+        """Storages cheapest to recompute per byte first, each if it does not raise the
+        peak and shortens the time spent above ``target`` (a drop can lower one of several
+        equal peaks), in passes until it fits; None if it does not."""
         closures: dict[Key, Closure] = {}
         best = self.excess(closures, target)
-        units = left = self.units()
+        left = units
         for _ in range(3):
             rejected = []
             for unit in left:
@@ -589,8 +603,50 @@ class ReplayPlan:
             if best[0] <= target or len(rejected) == len(left):
                 break
             left = rejected
-        if best[0] > target:
-            return None
+        return closures if best[0] <= target else None
+
+    def _fill_by_margin(self, units: list[tuple[Key, ...]], target: int
+                        ) -> dict[Key, Closure] | None:
+        """The storage whose drop adds least to what the replay recomputes per byte × event
+        it removes above ``target`` next, as long as it does not raise the peak; None if no
+        such order fits. Where recomputations share ops, the drops after the first cost
+        little, which a per-byte order of each alone does not see. Scores go stale when a
+        drop is taken and are found again lazily, the best first (a lazy greedy)."""
+        closures: dict[Key, Closure] = {}
+        best = self.excess(closures, target)
+        cost = 0.0
+        taken = 0  # drops taken: a score made before the last one is stale
+        # (score, tie-break, drops taken when scored, unit, closures with it, its excess)
+        heap: list[tuple[float, int, int, tuple[Key, ...], Any, Any]] = [
+            (0.0, i, -1, u, None, None) for i, u in enumerate(units)]
+        for _ in range(3):
+            rejected = []
+            while heap and best[0] > target:
+                _, i, when, unit, trial, score = heapq.heappop(heap)
+                if unit[0] in closures:
+                    continue
+                if when != taken:  # (stale: score it again and put it back)
+                    trial = self._with(closures, unit)
+                    score = self.excess(trial, target) if trial is not None else best
+                    gain = best[1] - score[1]
+                    if score[0] > best[0] or gain <= 0:
+                        rejected.append((0.0, i, -1, unit, None, None))
+                    else:
+                        rank = (self.recompute_cost(trial) - cost) / gain
+                        heapq.heappush(heap, (rank, i, taken, unit, trial, score))
+                    continue
+                closures, best = trial, score
+                cost = self.recompute_cost(closures)
+                taken += 1
+            if best[0] <= target or not rejected:
+                break
+            heap = rejected + [h for h in heap if h[3][0] not in closures]
+            heapq.heapify(heap)
+        return closures if best[0] <= target else None
+
+    def _prune(self, closures: dict[Key, Closure], units: list[tuple[Key, ...]],
+               target: int) -> dict[Key, Closure]:
+        """``closures`` less every drop the fit does not need, most expensive first."""
         nodes = self.nodes
         chosen = [u for u in units if u[0] in closures]
         for unit in sorted(chosen, key=lambda u: -sum(nodes[n].cost for k in u
@@ -600,7 +656,31 @@ class ReplayPlan:
             trial = self._without(closures, unit)
             if trial is not None and self.peak(trial) <= target:
                 closures = trial
-        return closures, self.peak(closures)
+        return closures
+
+    def recompute_cost(self, closures: dict[Key, Closure]) -> float:
+        """The cost (ns) of what a replay dropping the keys of ``closures`` recomputes: each
+        closure's ops at its value's first unpack, unless an earlier recomputation made
+        the value and kept it for its unpacks still to come (as :class:`Replay` does)."""
+        nodes = self.nodes
+        pending = dict(self.unpacks)
+        table: set[Key] = set()
+        cost = 0.0
+        for _, k in self.unpacked:
+            c = closures.get(k)
+            if c is None:
+                continue
+            if k not in table:
+                cost += sum(nodes[n].cost for n in c.ops)
+                for n in c.ops:
+                    for i in range(len(nodes[n].outs)):
+                        m = (n, i)
+                        if m in closures and pending[m] > 0:
+                            table.add(m)
+            left = pending[k] = pending[k] - 1
+            if left <= 0:
+                table.discard(k)
+        return cost
 
     def _with(self, closures: dict[Key, Closure], keys: tuple[Key, ...]
               ) -> dict[Key, Closure] | None:
