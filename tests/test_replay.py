@@ -155,13 +155,18 @@ def test_replayed_steps_are_bitwise_eager_within_the_budget(make, inputs, ratio)
     else:  # (and here that the writes ran again, and batch norm with no statistics)
         assert any(nodes[n].wrote for n in ops) and any(nodes[n].rerun for n in ops)
     # the forecast the drops were chosen by recomputes the ops the last step recomputed
-    costs = [node.cost for node in nodes]
+    assert ops_recomputed(tuning.plan, tuning.closures) == replayed[-1][1]
+
+
+def ops_recomputed(plan, closures) -> float:
+    """How many ops the forecast says a replay dropping ``closures`` recomputes."""
+    costs = [node.cost for node in plan.nodes]
     try:
-        for node in nodes:
+        for node in plan.nodes:
             node.cost = 1
-        assert tuning.plan.recompute_cost(tuning.closures) == replayed[-1][1]
+        return plan.recompute_cost(closures)
     finally:
-        for node, cost in zip(nodes, costs, strict=True):
+        for node, cost in zip(plan.nodes, costs, strict=True):
             node.cost = cost
 
 
@@ -470,6 +475,50 @@ class CountMatmuls(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.n += func is torch.ops.aten.addmm.default
         return func(*args, **(kwargs or {}))
+
+
+class Attention(nn.Module):
+    """Queries, keys and values split from one projection, as GPT-2's are: attention saves
+    all three, and recomputing each alone would run the projection again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.out = nn.Linear(64, 192), nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.unflatten(-1, (4, 16)).transpose(0, 1)
+                   for t in self.qkv(x).chunk(3, dim=-1))
+        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return x + self.out(a.transpose(0, 1).flatten(-2))
+
+
+def attention() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[Attention() for _ in range(4)])
+
+
+def test_values_a_node_unpacks_together_are_recomputed_by_one_run():
+    """Attention unpacks its query, key and value together; dropped, they are recomputed by
+    one run of the ops they share, so each projection recomputed runs once, not once for
+    each, and the replay recomputes what its forecast said, op for op."""
+    budget = budget_of(attention, rows, 0.8)
+    session = membudget.budget(budget, mode="planned")
+    got, ref = Trainer(attention(), rows, session), Trainer(attention(), rows)
+    for i in range(5):
+        with CountMatmuls() as count:
+            out = got.step(i)
+        with CountMatmuls() as eager:
+            assert_same(out, ref.step(i))
+        assert out[2] <= budget
+    st = session.stats
+    assert st.replayed_ops > 0 and st.replay_handed_over_at is None
+    tuning = session.planning.start.tuning
+    plan, closures = tuning.plan, tuning.closures
+    assert len({id(c) for c in closures.values()}) < len(closures)  # (some run together)
+    matmuls = {n for c in closures.values() for n in c.ops
+               if plan.nodes[n].func is torch.ops.aten.addmm.default}
+    assert count.n - eager.n == len(matmuls) > 0  # (each projection recomputed runs once)
+    assert ops_recomputed(plan, closures) == st.replay_recomputed_ops
 
 
 def test_a_copy_of_kept_memory_is_recomputed_from_a_view_of_it_not_by_its_matmul():

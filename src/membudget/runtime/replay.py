@@ -569,17 +569,43 @@ class ReplayPlan:
 
     def choose(self, target: int) -> tuple[dict[Key, Closure], int] | None:
         """Which values to drop so that the forecast peak is at most ``target``: of two
-        greedy fills (:meth:`_fill_by_bytes`, :meth:`_fill_by_margin`), each then pruned
-        (:meth:`_prune`), the one whose recomputations cost least
-        (:meth:`recompute_cost`). None if neither fits."""
+        greedy fills (:meth:`_fill_by_bytes`, :meth:`_fill_by_margin`), each pruned
+        (:meth:`_prune`), and each with the values a node unpacks first recomputed together
+        where that fits too (:meth:`_together`), the one whose recomputations cost least
+        (:meth:`recompute_cost`). None if no fill fits."""
         units = self.units()
         fits = [self._prune(c, units, target) for c in
                 (self._fill_by_bytes(units, target), self._fill_by_margin(units, target))
                 if c is not None]
+        fits += [m for m in map(self._together, fits) if self.peak(m) <= target]
         if not fits:
             return None
         closures = min(fits, key=self.recompute_cost)
         return closures, self.peak(closures)
+
+    def _together(self, closures: dict[Key, Closure]) -> dict[Key, Closure]:
+        """``closures`` with the values one backward node unpacks first recomputed together:
+        one run of the union of their ops, at the first of those unpacks, which makes them
+        all. Apart, the ops they share would run once for each (attention's query, key and
+        value, split from one projection, would each run that projection again)."""
+        after, first = self.after, self.first_unpack
+        by_node: dict[int, list[Key]] = {}
+        for k in closures:
+            by_node.setdefault(after[first[k]], []).append(k)
+        out = dict(closures)
+        nodes = self.nodes
+        for keys in by_node.values():
+            if len(keys) < 2:
+                continue
+            ops = sorted({n for k in keys for n in closures[k].ops})
+            if len(ops) > MAX_CLOSURE:
+                continue
+            views = {v: m for k in keys for v, m in closures[k].views.items()}
+            frontier = {f for k in keys for f in closures[k].frontier}
+            merged = Closure(ops, frontier, sum(nodes[n].new_bytes for n in ops), views)
+            for k in keys:
+                out[k] = merged
+        return out
 
     def _fill_by_bytes(self, units: list[tuple[Key, ...]], target: int
                        ) -> dict[Key, Closure] | None:
