@@ -477,6 +477,22 @@ class CountMatmuls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def replay_counting_matmuls(make, ratio: float):
+    """Five planned steps of ``make``'s model at ``ratio`` of its peak, each bitwise eager's
+    and within the budget: the session, its trainer and eager's, the budget, and how many
+    more matmuls the last step ran than eager's."""
+    budget = budget_of(make, rows, ratio)
+    session = membudget.budget(budget, mode="planned")
+    got, ref = Trainer(make(), rows, session), Trainer(make(), rows)
+    for i in range(5):
+        with CountMatmuls() as count:
+            out = got.step(i)
+        with CountMatmuls() as eager:
+            assert_same(out, ref.step(i))
+        assert out[2] <= budget
+    return session, got, ref, budget, count.n - eager.n
+
+
 class Attention(nn.Module):
     """Queries, keys and values split from one projection, as GPT-2's are: attention saves
     all three, and recomputing each alone would run the projection again."""
@@ -501,15 +517,7 @@ def test_values_a_node_unpacks_together_are_recomputed_by_one_run():
     """Attention unpacks its query, key and value together; dropped, they are recomputed by
     one run of the ops they share, so each projection recomputed runs once, not once for
     each, and the replay recomputes what its forecast said, op for op."""
-    budget = budget_of(attention, rows, 0.8)
-    session = membudget.budget(budget, mode="planned")
-    got, ref = Trainer(attention(), rows, session), Trainer(attention(), rows)
-    for i in range(5):
-        with CountMatmuls() as count:
-            out = got.step(i)
-        with CountMatmuls() as eager:
-            assert_same(out, ref.step(i))
-        assert out[2] <= budget
+    session, _, _, _, extra = replay_counting_matmuls(attention, 0.8)
     st = session.stats
     assert st.replayed_ops > 0 and st.replay_handed_over_at is None
     tuning = session.planning.start.tuning
@@ -517,7 +525,7 @@ def test_values_a_node_unpacks_together_are_recomputed_by_one_run():
     assert len({id(c) for c in closures.values()}) < len(closures)  # (some run together)
     matmuls = {n for c in closures.values() for n in c.ops
                if plan.nodes[n].func is torch.ops.aten.addmm.default}
-    assert count.n - eager.n == len(matmuls) > 0  # (each projection recomputed runs once)
+    assert extra == len(matmuls) > 0  # (each projection recomputed runs once)
     assert ops_recomputed(plan, closures) == st.replay_recomputed_ops
 
 
@@ -525,18 +533,10 @@ def test_a_copy_of_kept_memory_is_recomputed_from_a_view_of_it_not_by_its_matmul
     """The copied half is recomputed by the copy alone, from the half kept (the linear's
     output stays, viewed again as the record had it): no matmul runs twice. A batch laid
     out otherwise (the views' layout follows it) is handed to the engine."""
-    budget = budget_of(halves, rows, 0.8)
-    session = membudget.budget(budget, mode="planned")
-    got, ref = Trainer(halves(), rows, session), Trainer(halves(), rows)
-    for i in range(5):
-        with CountMatmuls() as count:
-            out = got.step(i)
-        with CountMatmuls() as eager:
-            assert_same(out, ref.step(i))
-        assert out[2] <= budget
+    session, got, ref, budget, extra = replay_counting_matmuls(halves, 0.8)
     st = session.stats
     assert st.replayed_ops > 0 and st.replay_dropped > 0 and st.replay_recomputed_ops > 0
-    assert count.n == eager.n
+    assert extra == 0
     got.inputs = ref.inputs = lambda i: rows(i).t().contiguous().t()  # (column-major)
     out = got.step(5)
     assert_same(out, ref.step(5))
