@@ -241,24 +241,21 @@ def reserved_ratios(traces: list[Trace]) -> dict[str, float]:
     return out
 
 
-def tight_share(misses: list[str], reserved: dict[str, float]) -> str:
-    """One sentence: how many of the cells outside the target belong to the traces for
-    which the pool reserves more than a budget of 0.9 of the peak holds."""
-    tight = [name for name, ratio in reserved.items() if ratio > 1 / 0.9]
-    n = sum(any(m.startswith(f"{name}@") for name in tight) for m in misses)
-    return (f"The {len(tight)} of {len(reserved)} traces past it hold {n} of the "
-            f"{len(misses)} cells outside the target.")
-
-
-def reservation(misses: list[str], reserved: dict[str, float]) -> str:
+def reservation(misses: list[str], reserved: dict[str, float]) -> tuple[str, str]:
     """The torch-caching pool's own reservation per trace, beside the cells outside the
-    target there (``misses``, as :func:`against_limit` names them)."""
+    target there (``misses``, as :func:`against_limit` names them): one sentence on the
+    traces for which the pool reserves more than a budget of 0.9 of the peak holds, and
+    the table of every trace."""
+    outside = {name: sum(m.startswith(f"{name}@") for m in misses) for name in reserved}
+    tight = [name for name, ratio in reserved.items() if ratio > 1 / 0.9]
+    sentence = (f"The {len(tight)} of {len(reserved)} traces past it hold "
+                f"{sum(outside[name] for name in tight)} of the {len(misses)} cells outside "
+                "the target.")
     lines = ["| trace | reserved / live, no budget | cells outside the target |",
              "|---|---:|---:|"]
     for name, ratio in sorted(reserved.items(), key=lambda kv: -kv[1]):
-        n = sum(m.startswith(f"{name}@") for m in misses)
-        lines.append(f"| {name} | {ratio:.3f} | {n} |")
-    return "\n".join(lines)
+        lines.append(f"| {name} | {ratio:.3f} | {outside[name]} |")
+    return sentence, "\n".join(lines)
 
 
 def last_run(stem: Path) -> tuple[dict, list[SimResult], list[str], list[float]]:
@@ -337,6 +334,7 @@ def main() -> None:
         if misses:
             lines += ["Cells outside the target:", "", *[f"- {m}" for m in misses], ""]
         if pool == "torch-caching":
+            sentence, table = reservation(misses, reserved)
             lines += [
                 "What the pool itself reserves: with no budget, PyTorch's caching allocator "
                 "(this model of it) reserves up to the first column's multiple of the most "
@@ -344,8 +342,8 @@ def main() -> None:
                 "MiB for those up to 10 MiB). Where it passes 1 / 0.9 = 1.11, a budget of 0.9 "
                 "of the peak is below what the pool reserves for a step that evicts nothing, "
                 "and every method pays for the pool before the policy chooses. "
-                + tight_share(misses, reserved) + " (Computed when this page was written, "
-                "from the same traces.)", "", reservation(misses, reserved), ""]
+                + sentence + " (Computed when this page was written, from the same "
+                "traces.)", "", table, ""]
         lines += [(f"`{default}` is at least as good as coop and dte in every column."
                    if not lost else
                    f"Columns where `{default}` is not at least as good as coop and dte: "
