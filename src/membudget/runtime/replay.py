@@ -466,21 +466,28 @@ class ReplayPlan:
 
     def peak(self, closures: dict[Key, Closure]) -> int:
         """The forecast peak of a replay that drops the keys of ``closures`` (see
-        :meth:`memory`)."""
-        return int(self.memory(closures).max())
+        :meth:`forecast`)."""
+        return int(self.forecast(closures)[0].max())
 
-    def excess(self, closures: dict[Key, Closure], target: int) -> tuple[int, int]:
-        """The forecast peak, and the bytes × events spent above ``target``."""
-        mem = self.memory(closures)
-        return int(mem.max()), int(np.maximum(mem - target, 0).sum())
+    def excess(self, closures: dict[Key, Closure], target: int) -> tuple[int, int, float]:
+        """The forecast peak, the bytes × events spent above ``target``, and the cost of
+        what the replay recomputes (see :meth:`forecast`)."""
+        mem, cost = self.forecast(closures)
+        return int(mem.max()), int(np.maximum(mem - target, 0).sum()), cost
 
-    def memory(self, closures: dict[Key, Closure]) -> np.ndarray:
+    def recompute_cost(self, closures: dict[Key, Closure]) -> float:
+        """The cost (ns) of what a replay dropping the keys of ``closures`` recomputes (see
+        :meth:`forecast`)."""
+        return self.forecast(closures)[1]
+
+    def forecast(self, closures: dict[Key, Closure]) -> tuple[np.ndarray, float]:
         """The forecast memory, event by event, of a replay that drops the keys of
-        ``closures``: the recorded step's memory, with each dropped value gone after the
-        forward pass last reads it and recomputed at its first unpack (its closure's outputs
-        live while it runs; the dropped values it makes stay until their last unpack), and
-        each kept value a recomputation reads held until the last such recomputation, as
-        :class:`Replay` does."""
+        ``closures``, and the cost (ns) of what it recomputes, as :class:`Replay` does: the
+        recorded step's memory, with each dropped value gone after the forward pass last
+        reads it and recomputed at its first unpack unless an earlier recomputation made it
+        and kept it for its unpacks still to come (a closure's outputs live while it runs;
+        the dropped values it makes stay until their last unpack), and each kept value a
+        recomputation reads held until the last such recomputation."""
         end = self.end
         delta = np.zeros(end + 1, dtype=np.int64)
         extra = np.zeros(end + 1, dtype=np.int64)
@@ -494,11 +501,13 @@ class ReplayPlan:
         group, size, maker = self.group, self.size, self.maker
         table: dict[Key, tuple[int, int] | None] = {}  # -> the new storage it holds
         holders: dict[tuple[int, int], int] = {}  # (recomputation, storage) -> table values
+        cost = 0.0
         for t, k in self.unpacked:
             c = closures.get(k)
             if c is None:
                 continue
             if k not in table:
+                cost += sum(nodes[n].cost for n in c.ops)
                 stay = 0
                 ops = set(c.ops)
                 for n in c.ops:
@@ -544,7 +553,7 @@ class ReplayPlan:
             delta[min(gone, end)] -= nb
         for t, nb in self.outside_bytes:
             delta[t] += nb
-        return np.cumsum(delta) + extra
+        return np.cumsum(delta) + extra, cost
 
     def units(self) -> list[tuple[Key, ...]]:
         """What can be dropped, storage by storage: the saved values (and views) in one
@@ -640,7 +649,6 @@ class ReplayPlan:
         drop is taken and are found again lazily, the best first (a lazy greedy)."""
         closures: dict[Key, Closure] = {}
         best = self.excess(closures, target)
-        cost = 0.0
         taken = 0  # drops taken: a score made before the last one is stale
         # (score, tie-break, drops taken when scored, unit, closures with it, its excess)
         heap: list[tuple[float, int, int, tuple[Key, ...], Any, Any]] = [
@@ -658,11 +666,10 @@ class ReplayPlan:
                     if score[0] > best[0] or gain <= 0:
                         rejected.append((0.0, i, -1, unit, None, None))
                     else:
-                        rank = (self.recompute_cost(trial) - cost) / gain
+                        rank = (score[2] - best[2]) / gain
                         heapq.heappush(heap, (rank, i, taken, unit, trial, score))
                     continue
                 closures, best = trial, score
-                cost = self.recompute_cost(closures)
                 taken += 1
             if best[0] <= target or not rejected:
                 break
@@ -683,30 +690,6 @@ class ReplayPlan:
             if trial is not None and self.peak(trial) <= target:
                 closures = trial
         return closures
-
-    def recompute_cost(self, closures: dict[Key, Closure]) -> float:
-        """The cost (ns) of what a replay dropping the keys of ``closures`` recomputes: each
-        closure's ops at its value's first unpack, unless an earlier recomputation made
-        the value and kept it for its unpacks still to come (as :class:`Replay` does)."""
-        nodes = self.nodes
-        pending = dict(self.unpacks)
-        table: set[Key] = set()
-        cost = 0.0
-        for _, k in self.unpacked:
-            c = closures.get(k)
-            if c is None:
-                continue
-            if k not in table:
-                cost += sum(nodes[n].cost for n in c.ops)
-                for n in c.ops:
-                    for i in range(len(nodes[n].outs)):
-                        m = (n, i)
-                        if m in closures and pending[m] > 0:
-                            table.add(m)
-            left = pending[k] = pending[k] - 1
-            if left <= 0:
-                table.discard(k)
-        return cost
 
     def _with(self, closures: dict[Key, Closure], keys: tuple[Key, ...]
               ) -> dict[Key, Closure] | None:
