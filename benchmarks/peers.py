@@ -359,6 +359,7 @@ class Row:
     peak_op: str = ""  # the op whose allocation reached the real peak
     ratios: list[float] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
+    versus: dict[str, list[float]] = field(default_factory=dict)  # target -> paired ratios
     exact: bool | None = None
     max_diff: float | None = None
     evictions: int | None = None
@@ -486,11 +487,27 @@ class Bench:
         row.times.append(tm)
         row.ratios.append(tm / te)
 
+    def face(self, row: Row, peer: Row, k: int) -> None:
+        """Round ``k`` of ``row`` against the peer at whose peak it runs: their steps back
+        to back (the peer first when ``k`` is even), the ratio of their times."""
+        if k % 2 == 0:
+            tp = self.timed(peer)
+            tm = self.timed(row)
+        else:
+            tm = self.timed(row)
+            tp = self.timed(peer)
+        row.versus.setdefault(peer.label, []).append(tm / tp)
+
     def rounds_for(self, rows: Sequence[Row]) -> None:
-        """``self.rounds`` rounds, each pairing every row with an eager step of its own."""
+        """``self.rounds`` rounds, each pairing every row with an eager step of its own,
+        then each membudget row with each peer (among ``rows``, not eager) at whose peak it
+        runs: two methods compared in one pair, not through two pairings with eager."""
         rows = [r for r in rows if r.failure is None and r.run is not None]
         if not rows:
             return
+        by_label = {r.label: r for r in rows if r is not self.eager}
+        faced = [(r, by_label[name]) for r in rows if r.family == "membudget"
+                 for name in r.targets if name in by_label]
         for k in range(self.rounds):
             done = []
             for row in rows:
@@ -500,6 +517,13 @@ class Bench:
                 except membudget.BudgetTooSmallError as e:  # near the smallest budget
                     row.failed_rounds += 1
                     done.append(f"{row.label} ran out ({e.op})")
+            for row, peer in faced:
+                try:
+                    self.face(row, peer, k)
+                    done.append(f"{row.label} / {peer.label} {row.versus[peer.label][-1]:.2f}×")
+                except membudget.BudgetTooSmallError as e:
+                    row.failed_rounds += 1
+                    done.append(f"{row.label} against {peer.label} ran out ({e.op})")
             log(f"  round {k + 1}/{self.rounds}: " + ", ".join(done))
 
     # ------------------------------------------------------------------ methods
@@ -886,7 +910,8 @@ def findings(bench: Bench) -> list[str]:
             if not (r.ratios and p.ratios):
                 continue
             mt, pt = median(r.ratios), 1.0 if p is bench.eager else median(p.ratios)
-            rel = mt / pt - 1
+            faced = r.versus.get(name)
+            rel = (median(faced) if faced else mt / pt) - 1
             above = ""
             if r.peak is not None and r.peak > p.peak:
                 above = (f"; measured again at that budget, its real peak came out "
@@ -894,8 +919,11 @@ def findings(bench: Bench) -> list[str]:
             out.append(f"{head}, membudget {r.mode} (budget {mb(r.budget or 0)} MB, real peak "
                        f"{mb(r.peak or 0)} MB, {r.evictions or 0:,} "
                        f"{'values dropped' if r.replayed else 'evictions'}{above}) takes "
-                       f"{mt:.2f}× eager's time against {p.label}'s {pt:.2f}×: "
-                       f"{abs(rel):.0%} {'slower' if rel > 0 else 'faster'} than {p.label}.")
+                       f"{mt:.2f}× eager's time against {p.label}'s {pt:.2f}×"
+                       + (f"; paired back to back with {p.label}, {median(faced):.2f}× its "
+                          f"time [{min(faced):.2f}–{max(faced):.2f}]" if faced else "")
+                       + f": {abs(rel):.0%} {'slower' if rel > 0 else 'faster'} than "
+                       f"{p.label}.")
     for r in mem:
         if r.targets or r.failure is not None or r.peak is None:
             continue
@@ -916,7 +944,8 @@ def findings(bench: Bench) -> list[str]:
                        f"({r.peak / r.budget - 1:.0%}) above the budget of {mb(r.budget)} MB"
                        f"{seen}.")
         if r.failed_rounds:
-            out.append(f"{r.label}: {r.failed_rounds} of its {bench.rounds} timed steps ran "
+            tried = len(r.ratios) + sum(map(len, r.versus.values())) + r.failed_rounds
+            out.append(f"{r.label}: {r.failed_rounds} of its {tried} timed steps ran "
                        "out of budget (the same step at the same budget does not always "
                        "complete); its time is over the steps that completed.")
     free = [r for r in mem if r.evictions == 0 and r.ratios and r.ops]
@@ -1053,6 +1082,12 @@ def report(benches: Sequence[Bench], args: argparse.Namespace, malloc: str, wall
         "rows are timed right after their compile (the next `torch._dynamo.reset()` discards "
         "it), the other rows in rounds that each pair every one of them once. \"step s\" is "
         "the row's own median step time. Every row is warmed up first.",
+        "- **against a peer**: a membudget row at the real peak of per-block or selective "
+        "checkpointing is also paired with that peer directly in each round (the peer first "
+        "in even rounds), and \"What it says\" gives the median of those ratios: two "
+        "methods compared in one pair rather than through two pairings with eager, whose "
+        "noise adds up. (Compiled peers are timed only right after their compile; eager's "
+        "row is the pairing with eager.)",
         "- **grads = eager**: the loss and every parameter's gradient of a measured step "
         "compared with eager's: bitwise (`torch.equal`) where the same kernels run; for "
         "compiled code, whose kernels sum in other orders, the max absolute difference.", "",
