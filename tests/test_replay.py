@@ -204,6 +204,29 @@ def test_drops_are_chosen_by_what_their_recomputations_share():
     assert tuning.forecast <= target
 
 
+def test_a_cnn_replays_with_the_drops_per_block_checkpointing_makes():
+    """Dropped one at a time, a residual CNN's convolutions and batch norms raise the forecast
+    peak, so no greedy fill fits; all of them dropped but the storages that alone carry the
+    forward pass on (each block's output), each node's recomputed together, fit: the replay
+    makes those drops, bitwise and within the budget."""
+    budget = budget_of(cnn, images, 0.6)
+    ref = Trainer(cnn(), images)
+    session = membudget.budget(budget, mode="planned")
+    got = Trainer(cnn(), images, session)
+    for i in range(5):
+        out = got.step(i)
+        assert_same(out, ref.step(i))
+        assert out[2] <= budget, (i, out[2], budget)
+    st = session.stats
+    assert st.replayed_ops and st.replay_dropped and st.replay_handed_over_at is None
+    tuning = session.planning.start.tuning
+    plan, units, target = tuning.plan, tuning.plan.units(), tuning.target()
+    assert plan._fill_by_bytes(units, target) is None
+    assert plan._fill_by_margin(units, target) is None
+    assert plan.cuts and not any(plan.group[k] in plan.cuts for k in tuning.closures)
+    assert tuning.forecast <= target
+
+
 def test_no_weak_reference_to_a_storage_outlives_the_step_that_watched_it():
     """The replay's meter and StorageMeter let their weak references go as their step ends.
     Kept until a collection, as their owners' reference cycles kept them (12 on every

@@ -399,6 +399,35 @@ class ReplayPlan:
                 self.window[g] = (min(first[k] for k in saved),
                                   max(self.after[last[k]] for k in saved))
         self.outside_bytes = [(t, b) for t, b in rec.outside.values()]
+        self.cuts = self._cuts(reads)
+
+    def _cuts(self, reads: dict[Key, list[int]]) -> set[int]:
+        """The storages that alone hold, at some point between two ops of the forward pass
+        (before the first unpack), every value it reads on: each block's output in a chain
+        of blocks, where per-block checkpointing keeps its checkpoints."""
+        backward = min((t for t, _ in self.unpacked), default=self.end)
+        spans: dict[int, tuple[int, int]] = {}  # storage -> (made, last read in forward)
+        for k, ts in reads.items():
+            last = max((t for t in ts if t < backward), default=-1)
+            if last > self.made[k]:
+                g = self.group[k]
+                a, b = spans.get(g, (last, last))
+                spans[g] = (min(a, self.made[k]), max(b, last))
+        changes: dict[int, list[tuple[int, bool]]] = {}  # event -> (storage, made)
+        for g, (a, b) in spans.items():
+            changes.setdefault(a, []).append((g, True))
+            changes.setdefault(b, []).append((g, False))
+        cuts: set[int] = set()
+        live: set[int] = set()
+        for t in sorted(changes):
+            for g, made in changes[t]:
+                if made:
+                    live.add(g)
+                else:
+                    live.discard(g)
+            if len(live) == 1:
+                cuts |= live
+        return cuts
 
     def _droppable(self, k: Key) -> bool:
         """Dropping ``k`` (a value or a view of one) can free memory only if autograd alone
@@ -580,13 +609,17 @@ class ReplayPlan:
         """Which values to drop so that the forecast peak is at most ``target``: of two
         greedy fills (:meth:`_fill_by_bytes`, :meth:`_fill_by_margin`), each pruned
         (:meth:`_prune`), and each with the values a node unpacks first recomputed together
-        where that fits too (:meth:`_together`), the one whose recomputations cost least
-        (:meth:`recompute_cost`). None if no fill fits."""
+        where that fits too (:meth:`_together`), and of the drops per-block checkpointing
+        would make (:meth:`_fill_by_cuts`), the one whose recomputations cost least
+        (:meth:`recompute_cost`). None if none fits."""
         units = self.units()
         fits = [self._prune(c, units, target) for c in
                 (self._fill_by_bytes(units, target), self._fill_by_margin(units, target))
                 if c is not None]
         fits += [m for m in map(self._together, fits) if self.peak(m) <= target]
+        cut = self._fill_by_cuts(units, target)
+        if cut is not None:
+            fits.append(self._together(self._prune(cut, units, target, together=True)))
         if not fits:
             return None
         closures = min(fits, key=self.recompute_cost)
@@ -677,9 +710,26 @@ class ReplayPlan:
             heapq.heapify(heap)
         return closures if best[0] <= target else None
 
+    def _fill_by_cuts(self, units: list[tuple[Key, ...]], target: int
+                      ) -> dict[Key, Closure] | None:
+        """Every storage dropped but the forward pass's cuts (:meth:`_cuts`), as per-block
+        checkpointing drops them, if recomputed together (:meth:`_together`) they fit
+        ``target``; None if not. One drop at a time, the greedy fills cannot reach this:
+        dropped alone, a value whose recomputation runs back to a cut can raise the peak
+        that dropping all of them together lowers (a CNN's convolutions and batch norms)."""
+        closures: dict[Key, Closure] = {}
+        for unit in units:
+            if self.group[unit[0]] not in self.cuts:
+                trial = self._with(closures, unit)
+                if trial is not None:
+                    closures = trial
+        return closures if self.peak(self._together(closures)) <= target else None
+
     def _prune(self, closures: dict[Key, Closure], units: list[tuple[Key, ...]],
-               target: int) -> dict[Key, Closure]:
-        """``closures`` less every drop the fit does not need, most expensive first."""
+               target: int, together: bool = False) -> dict[Key, Closure]:
+        """``closures`` less every drop the fit does not need, most expensive first (the
+        fit forecast with the values a node unpacks first recomputed together, with
+        ``together``)."""
         nodes = self.nodes
         chosen = [u for u in units if u[0] in closures]
         for unit in sorted(chosen, key=lambda u: -sum(nodes[n].cost for k in u
@@ -687,7 +737,8 @@ class ReplayPlan:
             if unit[0] not in closures:
                 continue
             trial = self._without(closures, unit)
-            if trial is not None and self.peak(trial) <= target:
+            if trial is not None and self.peak(self._together(trial) if together
+                                               else trial) <= target:
                 closures = trial
         return closures
 
