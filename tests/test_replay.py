@@ -26,6 +26,7 @@ import membudget
 from membudget import MembudgetError
 from membudget.bench.meter import StorageMeter
 from membudget.runtime.replay import HANDED_OVER_OPS
+from membudget.runtime.session import Session
 
 
 @pytest.fixture(autouse=True)
@@ -184,18 +185,25 @@ def gelu_tanh_mlp() -> nn.Module:
                                          nn.LayerNorm(64)) for _ in range(4)])
 
 
-def test_drops_are_chosen_by_what_their_recomputations_share():
-    """Where the recomputations of saved values share ops, the drops are chosen by what
-    each adds to the replay's recomputation, not by what each would cost alone: less is
-    recomputed than by the per-byte order, as forecast, bitwise and within the budget."""
-    budget = budget_of(gelu_tanh_mlp, batch, 0.6)
-    ref = Trainer(gelu_tanh_mlp(), batch)
+def planned_steps(make, inputs, ratio: float) -> Session:
+    """Five steps of ``make``'s model with Adam in a planned session at ``ratio`` of its
+    peak, each bitwise eager's and within the budget in real memory; the session."""
+    budget = budget_of(make, inputs, ratio)
+    ref = Trainer(make(), inputs)
     session = membudget.budget(budget, mode="planned")
-    got = Trainer(gelu_tanh_mlp(), batch, session)
+    got = Trainer(make(), inputs, session)
     for i in range(5):
         out = got.step(i)
         assert_same(out, ref.step(i))
         assert out[2] <= budget, (i, out[2], budget)
+    return session
+
+
+def test_drops_are_chosen_by_what_their_recomputations_share():
+    """Where the recomputations of saved values share ops, the drops are chosen by what
+    each adds to the replay's recomputation, not by what each would cost alone: less is
+    recomputed than by the per-byte order, as forecast, bitwise and within the budget."""
+    session = planned_steps(gelu_tanh_mlp, batch, 0.6)
     assert session.stats.replayed_ops and session.stats.replay_handed_over_at is None
     tuning = session.planning.start.tuning
     plan, units, target = tuning.plan, tuning.plan.units(), tuning.target()
@@ -209,14 +217,7 @@ def test_a_cnn_replays_with_the_drops_per_block_checkpointing_makes():
     peak, so no greedy fill fits; all of them dropped but the storages that alone carry the
     forward pass on (each block's output), each node's recomputed together, fit: the replay
     makes those drops, bitwise and within the budget."""
-    budget = budget_of(cnn, images, 0.6)
-    ref = Trainer(cnn(), images)
-    session = membudget.budget(budget, mode="planned")
-    got = Trainer(cnn(), images, session)
-    for i in range(5):
-        out = got.step(i)
-        assert_same(out, ref.step(i))
-        assert out[2] <= budget, (i, out[2], budget)
+    session = planned_steps(cnn, images, 0.6)
     st = session.stats
     assert st.replayed_ops and st.replay_dropped and st.replay_handed_over_at is None
     tuning = session.planning.start.tuning
