@@ -408,11 +408,11 @@ class ReplayPlan:
         backward = min((t for t, _ in self.unpacked), default=self.end)
         spans: dict[int, tuple[int, int]] = {}  # storage -> (made, last read in forward)
         for k, ts in reads.items():
-            last = max((t for t in ts if t < backward), default=-1)
-            if last > self.made[k]:
+            made, last = self.made[k], max((t for t in ts if t < backward), default=-1)
+            if last > made:
                 g = self.group[k]
-                a, b = spans.get(g, (last, last))
-                spans[g] = (min(a, self.made[k]), max(b, last))
+                a, b = spans.get(g, (made, last))
+                spans[g] = (min(a, made), max(b, last))
         changes: dict[int, list[tuple[int, bool]]] = {}  # event -> (storage, made)
         for g, (a, b) in spans.items():
             changes.setdefault(a, []).append((g, True))
