@@ -33,6 +33,7 @@ session as a pinned leaf, and the rest of the step runs dynamically, within the 
 from __future__ import annotations
 
 import heapq
+import math
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -613,17 +614,21 @@ class ReplayPlan:
         would make (:meth:`_fill_by_cuts`), the one whose recomputations cost least
         (:meth:`recompute_cost`). None if none fits."""
         units = self.units()
-        fits = [self._prune(c, units, target) for c in
-                (self._fill_by_bytes(units, target), self._fill_by_margin(units, target))
-                if c is not None]
-        fits += [m for m in map(self._together, fits) if self.peak(m) <= target]
+        fills = [self._prune(c, units, target) for c in
+                 (self._fill_by_bytes(units, target), self._fill_by_margin(units, target))
+                 if c is not None]
+        candidates = fills + [self._together(c) for c in fills]
         cut = self._fill_by_cuts(units, target)
         if cut is not None:
-            fits.append(self._together(self._prune(cut, units, target, together=True)))
-        if not fits:
-            return None
-        closures = min(fits, key=self.recompute_cost)
-        return closures, self.peak(closures)
+            candidates.append(self._together(self._prune(cut, units, target, together=True)))
+        best: tuple[dict[Key, Closure], int] | None = None
+        least = math.inf
+        for closures in candidates:  # (one forecast each: its peak and its cost)
+            mem, cost = self.forecast(closures)
+            peak = int(mem.max())
+            if peak <= target and cost < least:
+                best, least = (closures, peak), cost
+        return best
 
     def _together(self, closures: dict[Key, Closure]) -> dict[Key, Closure]:
         """``closures`` with the values one backward node unpacks first recomputed together:
