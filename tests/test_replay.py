@@ -14,7 +14,7 @@ import copy
 import gc
 import math
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -185,25 +185,49 @@ def gelu_tanh_mlp() -> nn.Module:
                                          nn.LayerNorm(64)) for _ in range(4)])
 
 
-def planned_steps(make, inputs, ratio: float) -> Session:
+class CountMatmuls(TorchDispatchMode):
+    """Counts the matmuls that run (entered outside the session: recomputations too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func is torch.ops.aten.addmm.default
+        return func(*args, **(kwargs or {}))
+
+
+class Planned(NamedTuple):
+    """What :func:`planned_steps` ran: the session, its trainer and eager's, the budget, and
+    how many more matmuls the last step ran than eager's."""
+
+    session: Session
+    got: Trainer
+    ref: Trainer
+    budget: int
+    extra_matmuls: int
+
+
+def planned_steps(make, inputs, ratio: float) -> Planned:
     """Five steps of ``make``'s model with Adam in a planned session at ``ratio`` of its
-    peak, each bitwise eager's and within the budget in real memory; the session."""
+    peak, each bitwise eager's and within the budget in real memory."""
     budget = budget_of(make, inputs, ratio)
-    ref = Trainer(make(), inputs)
     session = membudget.budget(budget, mode="planned")
-    got = Trainer(make(), inputs, session)
+    got, ref = Trainer(make(), inputs, session), Trainer(make(), inputs)
     for i in range(5):
-        out = got.step(i)
-        assert_same(out, ref.step(i))
+        with CountMatmuls() as count:
+            out = got.step(i)
+        with CountMatmuls() as eager:
+            assert_same(out, ref.step(i))
         assert out[2] <= budget, (i, out[2], budget)
-    return session
+    return Planned(session, got, ref, budget, count.n - eager.n)
 
 
 def test_drops_are_chosen_by_what_their_recomputations_share():
     """Where the recomputations of saved values share ops, the drops are chosen by what
     each adds to the replay's recomputation, not by what each would cost alone: less is
     recomputed than by the per-byte order, as forecast, bitwise and within the budget."""
-    session = planned_steps(gelu_tanh_mlp, batch, 0.6)
+    session = planned_steps(gelu_tanh_mlp, batch, 0.6).session
     assert session.stats.replayed_ops and session.stats.replay_handed_over_at is None
     tuning = session.planning.start.tuning
     plan, units, target = tuning.plan, tuning.plan.units(), tuning.target()
@@ -217,7 +241,7 @@ def test_a_cnn_replays_with_the_drops_per_block_checkpointing_makes():
     peak, so no greedy fill fits; all of them dropped but the storages that alone carry the
     forward pass on (each block's output), each node's recomputed together, fit: the replay
     makes those drops, bitwise and within the budget."""
-    session = planned_steps(cnn, images, 0.6)
+    session = planned_steps(cnn, images, 0.6).session
     st = session.stats
     assert st.replayed_ops and st.replay_dropped and st.replay_handed_over_at is None
     tuning = session.planning.start.tuning
@@ -489,34 +513,6 @@ def rows(i: int) -> torch.Tensor:
     return torch.randn(512, 64, generator=torch.Generator().manual_seed(100 + i))
 
 
-class CountMatmuls(TorchDispatchMode):
-    """Counts the matmuls that run (entered outside the session: recomputations too)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.n = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.n += func is torch.ops.aten.addmm.default
-        return func(*args, **(kwargs or {}))
-
-
-def replay_counting_matmuls(make, ratio: float):
-    """Five planned steps of ``make``'s model at ``ratio`` of its peak, each bitwise eager's
-    and within the budget: the session, its trainer and eager's, the budget, and how many
-    more matmuls the last step ran than eager's."""
-    budget = budget_of(make, rows, ratio)
-    session = membudget.budget(budget, mode="planned")
-    got, ref = Trainer(make(), rows, session), Trainer(make(), rows)
-    for i in range(5):
-        with CountMatmuls() as count:
-            out = got.step(i)
-        with CountMatmuls() as eager:
-            assert_same(out, ref.step(i))
-        assert out[2] <= budget
-    return session, got, ref, budget, count.n - eager.n
-
-
 class Attention(nn.Module):
     """Queries, keys and values split from one projection, as GPT-2's are: attention saves
     all three, and recomputing each alone would run the projection again."""
@@ -541,7 +537,7 @@ def test_values_a_node_unpacks_together_are_recomputed_by_one_run():
     """Attention unpacks its query, key and value together; dropped, they are recomputed by
     one run of the ops they share, so each projection recomputed runs once, not once for
     each, and the replay recomputes what its forecast said, op for op."""
-    session, _, _, _, extra = replay_counting_matmuls(attention, 0.8)
+    session, _, _, _, extra = planned_steps(attention, rows, 0.8)
     st = session.stats
     assert st.replayed_ops > 0 and st.replay_handed_over_at is None
     tuning = session.planning.start.tuning
@@ -557,7 +553,7 @@ def test_a_copy_of_kept_memory_is_recomputed_from_a_view_of_it_not_by_its_matmul
     """The copied half is recomputed by the copy alone, from the half kept (the linear's
     output stays, viewed again as the record had it): no matmul runs twice. A batch laid
     out otherwise (the views' layout follows it) is handed to the engine."""
-    session, got, ref, budget, extra = replay_counting_matmuls(halves, 0.8)
+    session, got, ref, budget, extra = planned_steps(halves, rows, 0.8)
     st = session.stats
     assert st.replayed_ops > 0 and st.replay_dropped > 0 and st.replay_recomputed_ops > 0
     assert extra == 0
