@@ -464,11 +464,15 @@ def segformer() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
             torch.randint(0, 5, (2, 128, 128), generator=g))
 
 
+def optimizer_tensors(opt) -> list[torch.Tensor]:
+    """An optimizer's state: alive through forward and backward, which do not touch it (a
+    meter of them does not see it unless told), it counts from each session's start."""
+    return [v for per in opt.state.values() for v in per.values() if isinstance(v, torch.Tensor)]
+
+
 def state_bytes(opt) -> int:
-    """The bytes of an optimizer's state: alive through forward and backward, which do not
-    touch it (a meter of them does not see it), it counts from each session's start."""
-    return sum(v.untyped_storage().nbytes() for per in opt.state.values()
-               for v in per.values() if isinstance(v, torch.Tensor))
+    """The bytes of an optimizer's state (see :func:`optimizer_tensors`)."""
+    return sum(v.untyped_storage().nbytes() for v in optimizer_tensors(opt))
 
 
 def test_a_segformer_completes_where_dtr_eq_does_its_labels_beside_the_parameters():

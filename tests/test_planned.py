@@ -15,6 +15,7 @@ import copy
 
 import pytest
 import torch
+from test_compact import optimizer_tensors
 from test_hard_bound import gpt2_model
 
 import membudget
@@ -69,6 +70,8 @@ def train(model, ids, lengths, session=None, decorated=False, meter=False):
     out, stats, peaks = [], [], []
     for n in lengths:
         with StorageMeter() if meter else _nothing() as m:
+            if m is not None:  # (alive from the step's start, touched only at its end)
+                m.count(optimizer_tensors(opt))
             if session is None or decorated:
                 loss = step(n)
             else:

@@ -12,6 +12,7 @@ It stops counting when it exits; entered again, it counts afresh and keeps its p
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -41,6 +42,13 @@ class StorageMeter(TorchDispatchMode):
         super().__exit__(*exc)
         self._live.clear()
         self.live_bytes = 0  # (entered again, it counts what is alive afresh)
+
+    def count(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Count ``tensors`` as alive from now on, whether an op touches them or not: what the
+        program holds through the steps metered (an optimizer's moments, say)."""
+        for x in tensors:
+            self._count(x)
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:

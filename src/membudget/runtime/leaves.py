@@ -182,13 +182,12 @@ class Leaves:
             self.adopted.update(id(m) for m in module.modules())
             params = list(module.parameters())
             ids = {id(p) for p in params}
-            opts = [o for o in list(_optimizers) if self._adopts(o)
-                    and any(id(p) in ids for g in o.param_groups for p in g["params"])]
+            opts = [o for o in list(_optimizers) if self._adopts(o) and _updates(o, ids)]
             self.adopted.update(id(o) for o in opts)
             what = f"the parameters, gradients and buffers of {type(module).__name__}"
             if opts:
                 what += f" and the state of {', '.join(type(o).__name__ for o in opts)}"
-            self._adopt_together([*params, *(p.grad for p in params if p.grad is not None),
+            self.adopt_together([*params, *(p.grad for p in params if p.grad is not None),
                                   *module.buffers(), *(v for o in opts for v in _state(o))],
                                  what)
 
@@ -199,7 +198,7 @@ class Leaves:
         these leaves, which nothing can move, would split the pool."""
         if self._adopts(optimizer):
             self.adopted.add(id(optimizer))
-            self._adopt_together(_state(optimizer), f"the state of {type(optimizer).__name__}")
+            self.adopt_together(_state(optimizer), f"the state of {type(optimizer).__name__}")
 
     def _adopts(self, owner: object) -> bool:
         """Is ``owner`` (a module, an optimizer) about to run in this thread's session for
@@ -209,7 +208,7 @@ class Leaves:
         return (id(owner) not in self.adopted and session.replay is None
                 and session in _get_current_dispatch_mode_stack())
 
-    def _adopt_together(self, tensors: list[torch.Tensor], what: str) -> None:
+    def adopt_together(self, tensors: list[torch.Tensor], what: str) -> None:
         """Adopt ``tensors`` in one run of blocks: room is made for all of them at once (a
         block of their bytes, taken and given back), then each takes its place; if the
         budget runs out, the error names ``what`` and asks for the bytes still to adopt."""
@@ -263,6 +262,19 @@ def _state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """An optimizer's state on its parameters' devices (moments, step counts)."""
     return [v for p, per in optimizer.state.items() for v in per.values()
             if isinstance(v, torch.Tensor) and v.device == p.device]
+
+
+def _updates(optimizer: torch.optim.Optimizer, ids: set[int]) -> bool:
+    """Does ``optimizer`` update one of the parameters whose ids are ``ids``?"""
+    return any(id(p) in ids for g in optimizer.param_groups for p in g["params"])
+
+
+def optimizer_state(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """The state of every optimizer known to update one of ``params``: a session counts it
+    with them from its start (see ``Leaves._adopt_module``), whether the step reads it or
+    not, and so does a replayed step."""
+    ids = {id(p) for p in params}
+    return [v for o in list(_optimizers) if _updates(o, ids) for v in _state(o)]
 
 
 def _note(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -53,6 +53,7 @@ from membudget.runtime.replay import (
     ReplayPlan,
     StepRecorder,
     Tuning,
+    held_state,
 )
 from membudget.sim.evictions import PlanFirst
 from membudget.trace.format import CALL, Trace
@@ -327,13 +328,20 @@ class Planning:
 
     def replay_for_step(self) -> tuple[ReplayPlan, dict[Key, Closure], int] | None:
         """A step starts: the replay plan, the values it drops and its forecast peak, if
-        the last step followed a plan to its end and that plan can be replayed."""
+        the last step followed a plan to its end and that plan can be replayed, beside the
+        optimizers' state alive now (drops chosen again if that is not what they were
+        chosen with: :meth:`Tuning.hold`)."""
         self.collect()
         start = self.start
         if not (self.replay and self.settled and start is not None
                 and start.tuning is not None) or distributed():
             return None
         tuning = start.tuning
+        tuning.hold(held_state(tuning.plan.params))
+        if tuning.failed:
+            start.tuning = None
+            start.no_replay = "no drops fit the budget beside the optimizer's state"
+            return None
         return tuning.plan, tuning.closures, tuning.forecast
 
     def why_not_replayed(self) -> str:

@@ -51,6 +51,7 @@ from membudget.runtime.call import (
 )
 from membudget.runtime.classify import op_info
 from membudget.runtime.flat import NO_KWARGS, SEQUENCES, flatten, flatten_result, unflatten
+from membudget.runtime.leaves import optimizer_state
 from membudget.runtime.tensor import RematTensor, wrap
 
 if TYPE_CHECKING:
@@ -125,6 +126,7 @@ class StepRecorder(TorchDispatchMode):
         self.events: list[tuple[int, Any]] = []  # (OP, n), (DIE, key), (UNPACK, pack index),
         # (LET_GO, key)
         self.outside: dict[int, tuple[int, int]] = {}  # storage id -> (first event, bytes)
+        self.state_read: set[int] = set()  # those that are an optimizer's state (__exit__)
         self._ids: dict[int, tuple[Key, weakref.ref]] = {}
         self._saved: set[int] = set()  # ids of the objects of values autograd saved
         self._objects: dict[Key, int] = {}  # a value's tensor objects still alive
@@ -136,6 +138,14 @@ class StepRecorder(TorchDispatchMode):
         than with the recorder (see ``StorageMeter.__exit__``: a crash on Python 3.11)."""
         self._ids.clear()
         self._rekeyed.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        """The step ends: note which storages it read from outside are an optimizer's state
+        (while they are all alive: the id of one that dies may become another's)."""
+        super().__exit__(*exc)
+        params = [s.param for node in self.nodes for s in node.leaves
+                  if type(s) is Src and s.param is not None]
+        self.state_read = set(held_state(params)).intersection(self.outside)
 
     def find(self, x: torch.Tensor) -> Key | None:
         hit = self._ids.get(id(x))
@@ -399,8 +409,20 @@ class ReplayPlan:
             if saved:
                 self.window[g] = (min(first[k] for k in saved),
                                   max(self.after[last[k]] for k in saved))
+        self.outside, self.state_read = dict(rec.outside), rec.state_read
+        self.held: dict[int, int] = {}  # storages counted from the start: see hold
         self.outside_bytes = [(t, b) for t, b in rec.outside.values()]
         self.cuts = self._cuts(reads)
+
+    def hold(self, held: dict[int, int]) -> None:
+        """Forecast ``held`` (storage id -> bytes: the optimizers' state, see
+        :func:`held_state`) as alive from the step's start, as a replay meters it, whether
+        an op of the step reads it or not; tensors the step reads count from then on."""
+        self.held = held
+        read = self.state_read
+        self.outside_bytes = [(t, b) for k, (t, b) in self.outside.items()
+                              if k not in held or k not in read]
+        self.outside_bytes += [(0, b) for b in held.values()]
 
     def _cuts(self, reads: dict[Key, list[int]]) -> set[int]:
         """The storages that alone hold, at some point between two ops of the forward pass
@@ -796,6 +818,18 @@ class Tuning:
     def target(self) -> int:
         return self.budget - int(self.MARGIN * self.budget) - self.error
 
+    def hold(self, held: dict[int, int]) -> None:
+        """A replay is about to start with ``held`` alive (see :meth:`ReplayPlan.hold`): if
+        that is not what the drops were chosen with (the optimizer made its state after the
+        step was recorded), choose them again."""
+        if held == self.plan.held:
+            return
+        self.plan.hold(held)
+        chosen = self.plan.choose(self.target())
+        self.failed = chosen is None
+        if chosen is not None:
+            self.closures, self.forecast = chosen
+
     def report(self, fitted: bool, peak: int) -> None:
         """A replayed step ended within the budget (``fitted``) or handed over to fit."""
         if not fitted:
@@ -843,6 +877,12 @@ class Replay:
         self.recomputed = 0
         self.redoing = False
         self.redo_bytes = 0
+        # alive from the start, as the engine counts them (``Leaves._adopt_module``): the
+        # optimizers' state, and gradients accumulated before the step
+        for x in [*optimizer_state(plan.params),
+                  *(p.grad for p in plan.params if p.grad is not None)]:
+            self._count(x)
+        self.peak_bytes = self.live_bytes
 
     def close(self) -> None:
         """The step ended: stop metering, letting the meter's weak references go now rather
@@ -955,15 +995,20 @@ class Replay:
     def hand_over(self, func: Any, types: Any, args: tuple, kwargs: dict, reason: str) -> Any:
         """Give the rest of the step to the engine: first drop every kept value that can be
         recomputed (:meth:`shed`), then what is still live enters the engine as pinned
-        leaves (one per storage), and this op and every later one go the session's dynamic
+        leaves, the optimizers' state first in one run of blocks (as a session adopts it),
+        the rest one per storage, and this op and every later one go the session's dynamic
         way (recomputations included)."""
         session = self.session
         self.handed_over_at, self.reason = self.k, reason
         self.shed()
-        live = [r() for r in self._live.values()]
+        state = optimizer_state(self.plan.params)
+        apart = {id(x.untyped_storage()) for x in state}
         holders = [torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
-                   for st in live if st is not None]
+                   for key, ref in self._live.items()
+                   if key not in apart and (st := ref()) is not None]
         session.replay = None
+        if state:
+            session.leaves.adopt_together(state, "the optimizers' state")
         session.adopt(holders)
         return session.__torch_dispatch__(func, types, args, kwargs)
 
@@ -1117,6 +1162,16 @@ class Replay:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
 
+def held_state(params: list[torch.Tensor]) -> dict[int, int]:
+    """The storages of the state of the optimizers that update ``params``, by id, with their
+    bytes: alive through the step, read by it or not."""
+    out = {}
+    for v in optimizer_state(params):
+        st = v.untyped_storage()
+        out[id(st)] = st.nbytes()
+    return out
+
+
 def _written() -> MembudgetError:
     return MembudgetError(
         "a parameter or an input of the step was written after the forward pass read it "
@@ -1134,4 +1189,4 @@ class _Saved:
         self.key, self.x = key, x
 
 
-__all__ = ["Replay", "ReplayPlan", "StepRecorder", "Tuning"]
+__all__ = ["Replay", "ReplayPlan", "StepRecorder", "Tuning", "held_state"]
