@@ -188,8 +188,8 @@ class Leaves:
             if opts:
                 what += f" and the state of {', '.join(type(o).__name__ for o in opts)}"
             self.adopt_together([*params, *(p.grad for p in params if p.grad is not None),
-                                  *module.buffers(), *(v for o in opts for v in _state(o))],
-                                 what)
+                                 *module.buffers(), *(v for o in opts for v in _state(o))],
+                                what)
 
     def adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Before an optimizer first steps in the session (the session's step hook calls
