@@ -36,6 +36,7 @@ nothing is recorded.
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from operator import attrgetter
@@ -81,6 +82,14 @@ def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise UnknownNameError("budget mode", mode, MODES)
     return mode
+
+
+def _hold(tuning: Tuning, held: dict[int, int]) -> None:
+    """The replanner thread: :meth:`Tuning.hold`; a failure leaves the plan unreplayed."""
+    try:
+        tuning.hold(held)
+    except Exception as e:  # (said as the reason its steps are not replayed)
+        tuning.failed, tuning.failure = True, f"choosing its drops again raised {e!r}"
 
 
 def simulated_plan(trace: Trace, budget_bytes: int, policy: str) -> EvictionPlan:
@@ -318,6 +327,7 @@ class Planning:
         # a step that followed a plan ran out of the budget: the plan is dropped, and the
         # default planner makes the next ones of the policy's own decisions only
         self.plans_failed = 0
+        self.holding: threading.Thread | None = None  # choosing a replay's drops again
 
     def begin(self, engine: Engine) -> PlanRun:
         """A step starts: follow the latest plan, and record the step unless the last step
@@ -329,18 +339,30 @@ class Planning:
     def replay_for_step(self) -> tuple[ReplayPlan, dict[Key, Closure], int] | None:
         """A step starts: the replay plan, the values it drops and its forecast peak, if
         the last step followed a plan to its end and that plan can be replayed, beside the
-        optimizers' state alive now (drops chosen again if that is not what they were
-        chosen with: :meth:`Tuning.hold`)."""
+        optimizers' state alive now. If that is not what its drops were chosen with (Adam
+        makes its state after the first step, the one recorded), they are chosen again in
+        the background (:meth:`Tuning.hold`), and this step follows the plan with the
+        engine."""
         self.collect()
         start = self.start
         if not (self.replay and self.settled and start is not None
                 and start.tuning is not None) or distributed():
             return None
         tuning = start.tuning
-        tuning.hold(held_state(tuning.plan.params))
+        if self.holding is not None:
+            if self.holding.is_alive():
+                return None
+            self.holding = None
+        held = held_state(tuning.plan.params)
+        if held != tuning.plan.held:  # (the drops are chosen again, off this thread)
+            self.holding = threading.Thread(target=_hold, args=(tuning, held),
+                                            name="membudget-replanner", daemon=True)
+            self.holding.start()
+            return None
         if tuning.failed:
             start.tuning = None
-            start.no_replay = "no drops fit the budget beside the optimizer's state"
+            start.no_replay = (tuning.failure
+                               or "no drops fit the budget beside the optimizer's state")
             return None
         return tuning.plan, tuning.closures, tuning.forecast
 
@@ -354,6 +376,8 @@ class Planning:
             return "replay is off (replay=False, or the session records or swaps)"
         if distributed():
             return "the session trains across processes"
+        if self.holding is not None:
+            return "its drops are being chosen again, beside the optimizer's state"
         return "" if start.tuning is not None else start.no_replay
 
     def end_replay(self, replay: Replay, failed: bool, ran_out: bool) -> None:
@@ -411,7 +435,7 @@ class Planning:
             planner = (own_plan if self.plans_failed and self.planner is simulated_plan
                        else self.planner)
             plan = planner(trace, header["budget_bytes"], header["policy"])
-            tuning = (Tuning(ReplayPlan(recorder), header["budget_bytes"])
+            tuning = (Tuning(ReplayPlan(recorder), header["budget_bytes"], recorder.held)
                       if recorder is not None else None)
             self._made = StepPlan(plan, sigs, tuning)
         except BaseException as e:  # handed to the session's thread, which warns
@@ -436,13 +460,14 @@ class Planning:
             self._add(made)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the plan being made (at most ``timeout`` seconds); whether none is
-        being made any more."""
-        thread = self.pending
-        if thread is not None:
-            thread.join(timeout)
+        """Wait for the plan being made, and for a replay's drops being chosen again (at
+        most ``timeout`` seconds in all); whether neither is any more."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in (self.pending, self.holding):
+            if thread is not None:
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         self.collect()
-        return self.pending is None
+        return self.pending is None and (self.holding is None or not self.holding.is_alive())
 
     def _add(self, plan: StepPlan) -> None:
         for other in self.plans:

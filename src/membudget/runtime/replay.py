@@ -126,7 +126,8 @@ class StepRecorder(TorchDispatchMode):
         self.events: list[tuple[int, Any]] = []  # (OP, n), (DIE, key), (UNPACK, pack index),
         # (LET_GO, key)
         self.outside: dict[int, tuple[int, int]] = {}  # storage id -> (first event, bytes)
-        self.state_read: set[int] = set()  # those that are an optimizer's state (__exit__)
+        self.held: dict[int, int] = {}  # the optimizers' state at the step's end (__exit__)
+        self.state_read: set[int] = set()  # those of ``outside`` in it
         self._ids: dict[int, tuple[Key, weakref.ref]] = {}
         self._saved: set[int] = set()  # ids of the objects of values autograd saved
         self._objects: dict[Key, int] = {}  # a value's tensor objects still alive
@@ -140,12 +141,14 @@ class StepRecorder(TorchDispatchMode):
         self._rekeyed.clear()
 
     def __exit__(self, *exc: object) -> None:
-        """The step ends: note which storages it read from outside are an optimizer's state
-        (while they are all alive: the id of one that dies may become another's)."""
+        """The step ends: note the optimizers' state of its parameters, and which storages
+        it read from outside are in it (now, while they are all alive: the id of one that
+        dies may become another's), in this thread, which the optimizers run in."""
         super().__exit__(*exc)
         params = [s.param for node in self.nodes for s in node.leaves
                   if type(s) is Src and s.param is not None]
-        self.state_read = set(held_state(params)).intersection(self.outside)
+        self.held = held_state(params)
+        self.state_read = set(self.held).intersection(self.outside)
 
     def find(self, x: torch.Tensor) -> Key | None:
         hit = self._ids.get(id(x))
@@ -808,9 +811,12 @@ class Tuning:
 
     MARGIN = 0.01  # of the budget
 
-    def __init__(self, plan: ReplayPlan, budget: int) -> None:
+    def __init__(self, plan: ReplayPlan, budget: int, held: dict[int, int] | None = None
+                 ) -> None:
         self.plan, self.budget = plan, budget
         self.error = 0  # the most a metered peak was above its forecast
+        self.failure = ""  # why choosing the drops again failed, if it raised
+        plan.hold(held or {})
         chosen = plan.choose(self.target())
         self.failed = chosen is None  # no drops fit: not replayed
         self.closures, self.forecast = chosen if chosen is not None else ({}, 0)
@@ -819,11 +825,9 @@ class Tuning:
         return self.budget - int(self.MARGIN * self.budget) - self.error
 
     def hold(self, held: dict[int, int]) -> None:
-        """A replay is about to start with ``held`` alive (see :meth:`ReplayPlan.hold`): if
-        that is not what the drops were chosen with (the optimizer made its state after the
-        step was recorded), choose them again."""
-        if held == self.plan.held:
-            return
+        """Choose the drops again with ``held`` alive from the start (see
+        :meth:`ReplayPlan.hold`): the optimizer made its state after the step was recorded.
+        Run in the background (``Planning.replay_for_step``)."""
         self.plan.hold(held)
         chosen = self.plan.choose(self.target())
         self.failed = chosen is None

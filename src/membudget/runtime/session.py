@@ -264,9 +264,10 @@ class Session(TorchDispatchMode, ContextDecorator):
         replay.close()
 
     def wait_for_plan(self, timeout: float | None = None) -> bool:
-        """In planned mode, wait for the plan being made in the background (at most
-        ``timeout`` seconds), so that the next step follows it; whether none is being made
-        any more. Steps do not need to wait: until a plan is ready they run dynamically."""
+        """In planned mode, wait for the plan being made in the background, and for a
+        replay's drops being chosen again (at most ``timeout`` seconds), so that the next
+        step follows or replays it; whether none is being made any more. Steps do not need
+        to wait: until a plan is ready they run dynamically."""
         if self.planning is None:
             raise MembudgetError('wait_for_plan() is for a session made with mode="planned"')
         return self.planning.wait(timeout)
