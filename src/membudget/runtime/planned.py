@@ -344,15 +344,15 @@ class Planning:
         the background (:meth:`Tuning.hold`), and this step follows the plan with the
         engine."""
         self.collect()
+        if self.holding is not None and not self.holding.is_alive():
+            self.holding = None
         start = self.start
         if not (self.replay and self.settled and start is not None
                 and start.tuning is not None) or distributed():
             return None
         tuning = start.tuning
-        if self.holding is not None:
-            if self.holding.is_alive():
-                return None
-            self.holding = None
+        if self.holding is not None:  # (still choosing)
+            return None
         held = held_state(tuning.plan.params)
         if held != tuning.plan.held:  # (the drops are chosen again, off this thread)
             self.holding = threading.Thread(target=_hold, args=(tuning, held),
