@@ -22,7 +22,9 @@ as safe as the engine:
   storages to drop, cheapest to recompute per byte first, until the forecast peak is under
   the budget (less a margin). The replay then counts every storage the step's ops make or
   touch until it is freed (weak references, as :class:`~membudget.bench.meter.StorageMeter`
-  does), and a metered peak above the forecast widens the margin (:class:`Tuning`).
+  does), and the optimizers' state of its parameters from its start, touched or not, as
+  the engine counts it (both forecast and meter); a metered peak above the forecast widens
+  the margin (:class:`Tuning`).
 
 Before the first op that differs from the record, or whose outputs would take the metered
 bytes over the budget, the replay *hands the step over* to the engine: it drops every kept
