@@ -128,7 +128,8 @@ class StepRecorder(TorchDispatchMode):
         self.events: list[tuple[int, Any]] = []  # (OP, n), (DIE, key), (UNPACK, pack index),
         # (LET_GO, key)
         self.outside: dict[int, tuple[int, int]] = {}  # storage id -> (first event, bytes)
-        self.held: dict[int, int] = {}  # the optimizers' state at the step's end (__exit__)
+        self.params: list[torch.Tensor] = []  # the parameters its ops read (__exit__)
+        self.held: dict[int, int] = {}  # their optimizers' state at the step's end
         self.state_read: set[int] = set()  # those of ``outside`` in it
         self._ids: dict[int, tuple[Key, weakref.ref]] = {}
         self._saved: set[int] = set()  # ids of the objects of values autograd saved
@@ -147,9 +148,9 @@ class StepRecorder(TorchDispatchMode):
         it read from outside are in it (now, while they are all alive: the id of one that
         dies may become another's), in this thread, which the optimizers run in."""
         super().__exit__(*exc)
-        params = [s.param for node in self.nodes for s in node.leaves
-                  if type(s) is Src and s.param is not None]
-        self.held = held_state(params)
+        self.params = list({id(s.param): s.param for node in self.nodes for s in node.leaves
+                            if type(s) is Src and s.param is not None}.values())
+        self.held = held_state(self.params)
         self.state_read = set(self.held).intersection(self.outside)
 
     def find(self, x: torch.Tensor) -> Key | None:
@@ -297,8 +298,7 @@ class ReplayPlan:
         self.packs = rec.packs
         self.nbytes = rec.nbytes
         self.saved = {k for k in rec.packs if k is not None}
-        self.params = list({id(s.param): s.param for node in rec.nodes for s in node.leaves
-                            if type(s) is Src and s.param is not None}.values())
+        self.params = rec.params
         # values not dropped: their storage is written after they are made
         self.writers: dict[int, list[int]] = {}  # the ops writing each storage
         for n, g in rec.writes:
@@ -415,8 +415,7 @@ class ReplayPlan:
                 self.window[g] = (min(first[k] for k in saved),
                                   max(self.after[last[k]] for k in saved))
         self.outside, self.state_read = dict(rec.outside), rec.state_read
-        self.held: dict[int, int] = {}  # storages counted from the start: see hold
-        self.outside_bytes = [(t, b) for t, b in rec.outside.values()]
+        self.hold({})
         self.cuts = self._cuts(reads)
 
     def hold(self, held: dict[int, int]) -> None:
@@ -818,18 +817,18 @@ class Tuning:
         self.plan, self.budget = plan, budget
         self.error = 0  # the most a metered peak was above its forecast
         self.failure = ""  # why choosing the drops again failed, if it raised
-        plan.hold(held or {})
-        chosen = plan.choose(self.target())
-        self.failed = chosen is None  # no drops fit: not replayed
-        self.closures, self.forecast = chosen if chosen is not None else ({}, 0)
+        self.closures: dict[Key, Closure] = {}
+        self.forecast = 0
+        self.hold(held or {})
 
     def target(self) -> int:
         return self.budget - int(self.MARGIN * self.budget) - self.error
 
     def hold(self, held: dict[int, int]) -> None:
-        """Choose the drops again with ``held`` alive from the start (see
-        :meth:`ReplayPlan.hold`): the optimizer made its state after the step was recorded.
-        Run in the background (``Planning.replay_for_step``)."""
+        """Choose the drops with ``held`` alive from the start (see
+        :meth:`ReplayPlan.hold`): as the plan is made, and again in the background
+        (``Planning.replay_for_step``) if the optimizer made its state after the step was
+        recorded. ``failed``: no drops fit, so it is not replayed."""
         self.plan.hold(held)
         chosen = self.plan.choose(self.target())
         self.failed = chosen is None
