@@ -184,6 +184,55 @@ def test_what_an_earlier_session_left_alive_counts_from_the_next_ones_start(micr
         assert torch.equal(p, q)
 
 
+def test_a_run_resumed_from_a_checkpoint_counts_the_loaded_optimizers_state_at_once():
+    """Resumed from a checkpoint: a new model and a new AdamW loaded from it, the optimizer
+    stepping after each session. Its state is alive through the first resumed session,
+    though it has not stepped yet, so the session finds it and counts it from the start.
+    Before, an optimizer was known only once it had stepped, and a meter that counts the
+    state saw the budget overrun by it in the first resumed step."""
+    model, loss_fn = llama()
+    make = OPTIMIZERS["adamw-foreach"]
+    budget = tight(model, loss_fn, make, 2)
+
+    def step(m, opt, budget):
+        with StorageMeter() as meter:
+            meter.count([*m.parameters(), *(v for per in opt.state.values()
+                                            for v in per.values())])
+            with membudget.budget(budget) if budget else contextlib.nullcontext():
+                loss = loss_fn(m)
+                loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item(), meter.peak_bytes
+
+    torch.manual_seed(1)
+    ref = copy.deepcopy(model)
+    ref_opt = make(ref.parameters())
+    ref_losses = [step(ref, ref_opt, None)[0] for _ in range(4)]
+    torch.manual_seed(1)
+    opt = make(model.parameters())
+    losses = [step(model, opt, budget)[0] for _ in range(2)]
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+    del model, opt
+    buf.seek(0)
+    checkpoint = torch.load(buf)
+    rng = torch.get_rng_state()  # (llama() seeds its own; dropout goes on from here)
+    model, _ = llama()
+    torch.set_rng_state(rng)
+    model.load_state_dict(checkpoint["model"])
+    opt = make(model.parameters())
+    opt.load_state_dict(checkpoint["opt"])
+    del checkpoint
+    for _ in range(2):
+        loss, peak = step(model, opt, budget)
+        losses.append(loss)
+        assert peak <= budget
+    assert losses == ref_losses
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
 def test_a_decorated_step_function_across_steps_is_bitwise_eager():
     model, loss_fn = cnn()
     make = OPTIMIZERS["adamw-foreach"]

@@ -238,9 +238,10 @@ def test_an_optimizers_state_is_adopted_at_once_and_named_when_it_does_not_fit()
     """AdamW's state (made in an earlier step) is alive from the session's start: it enters
     with the parameters it updates, in one run, before their module first runs; where they
     cannot all be held, the error names the module and the optimizer and the bytes of all of
-    it. An optimizer whose state was loaded and that has not stepped since (no list of them
-    exists) brings its state in just before it steps, named so. A session with room then
-    steps as eager does."""
+    it. An optimizer whose state was loaded and that has not stepped since (torch keeps no
+    list of them) is found when the module first runs, since no known optimizer updates its
+    parameters; one over a tensor that no module holds brings its state in just before it
+    steps, named so. A session with room then steps as eager does."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
     ref = copy.deepcopy(model)
@@ -262,12 +263,28 @@ def test_an_optimizers_state_is_adopted_at_once_and_named_when_it_does_not_fit()
     assert err.value.request_bytes == params + moments
     loaded = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loaded.load_state_dict(opts[0].state_dict())
-    opts[0] = None  # (alive, its state would be adopted with the parameters again)
-    with (pytest.raises(BudgetTooSmallError, match=r"adopting the state of AdamW") as err,
+    opts[0] = None
+    gc.collect()  # (an optimizer is in a reference cycle: until collected, it is known)
+    with (pytest.raises(BudgetTooSmallError,
+                        match=r"adopting the parameters, gradients and buffers of Sequential "
+                              r"and the state of AdamW") as err,
           membudget.budget(3 * params, "dtr")):
         model(x).sum().backward()
-        loaded.step()
-    assert err.value.request_bytes == moments
+    assert err.value.request_bytes == params + moments
+    w = torch.randn(256, 256, requires_grad=True)
+    first = torch.optim.AdamW([w], lr=1e-3)
+    w.sum().backward()
+    first.step()
+    second = torch.optim.AdamW([w], lr=1e-3)
+    second.load_state_dict(first.state_dict())
+    first = None
+    gc.collect()
+    with (pytest.raises(BudgetTooSmallError, match=r"adopting the state of AdamW") as err,
+          membudget.budget(4 * w.untyped_storage().nbytes(), "dtr")):
+        (x @ w).sum().backward()
+        second.step()
+    assert err.value.request_bytes == sum(v.untyped_storage().nbytes()
+                                          for v in second.state[w].values())
     loaded.zero_grad(set_to_none=True)
     for m, opt, budget in ((model, loaded, 5 * params), (ref, opts[1], None)):
         with membudget.budget(budget) if budget else contextlib.nullcontext():

@@ -181,6 +181,7 @@ class Leaves:
         if self._adopts(module):
             self.adopted.update(id(m) for m in module.modules())
             params = list(module.parameters())
+            _look_for_optimizers(module, params)
             ids = {id(p) for p in params}
             opts = [o for o in list(_optimizers) if self._adopts(o) and _updates(o, ids)]
             self.adopted.update(id(o) for o in opts)
@@ -282,20 +283,34 @@ def _note(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
 
 
 # The optimizers a session knows of, to adopt the state of those that update its modules'
-# parameters with them: all that existed when the process's first session began, and every
-# one that has stepped since (torch keeps no list of them; one made later whose state was
-# loaded, and that has not stepped yet, is adopted when it first steps in a session).
+# parameters with them. Torch keeps no list of them: a global hook keeps every one that steps,
+# and one that has not stepped yet (its state loaded from a checkpoint, say) is looked for
+# among all live objects when a module first runs some of whose trainable parameters no known
+# optimizer updates; ``_unowned`` keeps, by module, those that none updated at its last look,
+# so that a model trained by no optimizer is not looked for at every session.
 _optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+_unowned: weakref.WeakKeyDictionary[torch.nn.Module, set[int]] = weakref.WeakKeyDictionary()
 _noting: list[Any] = []  # the global pre-step hook that keeps them
 
 
 def _know_optimizers() -> None:
-    """At the process's first session: find the optimizers alive, and keep those that step
-    from now on."""
+    """At the process's first session: keep the optimizers that step from now on."""
     if not _noting:
         _noting.append(register_optimizer_step_pre_hook(_note))
-        optimizer = torch.optim.Optimizer  # (by type: isinstance asks proxies, which warn)
-        _optimizers.update(o for o in gc.get_objects() if issubclass(type(o), optimizer))
+
+
+def _look_for_optimizers(module: torch.nn.Module, params: list[torch.Tensor]) -> None:
+    """Find the live optimizers if a trainable parameter of ``module`` is updated by none
+    known and was not at the last look (a search of all objects: about 0.1 s in a process
+    that has imported transformers)."""
+    trainable = {id(p) for p in params if p.requires_grad}
+    owned = {id(p) for o in list(_optimizers) for g in o.param_groups for p in g["params"]}
+    if not trainable - owned - _unowned.get(module, set()):
+        return
+    optimizer = torch.optim.Optimizer  # (by type: isinstance asks proxies, which warn)
+    _optimizers.update(o for o in gc.get_objects() if issubclass(type(o), optimizer))
+    _unowned[module] = trainable - {id(p) for o in list(_optimizers)
+                                    for g in o.param_groups for p in g["params"]}
 
 
 def _inner(x: torch.Tensor) -> list[torch.Tensor]:
