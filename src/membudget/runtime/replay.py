@@ -11,11 +11,12 @@ as safe as the engine:
 * **The ops are checked against the record.** Every op must be the recorded one, with the
   same input shapes and the same producers of its inputs (parameters by identity, the
   step's values by the op that made them); the ops a recomputation may run must also have
-  the same non-tensor arguments. A recomputation reads this step's inputs (the batch) and
+  the same non-tensor arguments (a generator may be another, on the same device: one
+  made anew each step). A recomputation reads this step's inputs (the batch) and
   parameters only if they were not written since; it draws the random numbers the first
-  run drew (the generators' states are kept); it runs a write again only on memory it made
-  itself (an in-place ReLU on a recomputed batch norm), and batch norm without its running
-  statistics (``runtime.classify.UNDECLARED_WRITES``).
+  run drew, from this step's generators (their states are kept); it runs a write again
+  only on memory it made itself (an in-place ReLU on a recomputed batch norm), and batch
+  norm without its running statistics (``runtime.classify.UNDECLARED_WRITES``).
 * **Memory is forecast, then metered.** The recorded step notes when each value died and
   each saved tensor was unpacked, as eager PyTorch had it; from that, :class:`ReplayPlan`
   forecasts the replay's memory for any set of drops, and :meth:`ReplayPlan.choose` picks
@@ -867,6 +868,9 @@ class Replay:
         self.versions = {id(p): p._version for p in plan.params}
         self.outer: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}
         self.rng: dict[int, tuple] = {}  # generator states the random ops drew from
+        # this step's generators where the recorded step passed another (one made anew
+        # each step): a recomputation draws from this step's, at its captured state
+        self.generators: dict[tuple[int, int], torch.Generator] = {}
         self.pending = dict(plan.unpacks)  # unpacks still to come, by value
         self.table: dict[Key, torch.Tensor] = {}  # kept values read by recomputations,
         # and recomputed values still to be unpacked
@@ -976,6 +980,9 @@ class Replay:
             for i, c in constants:
                 x = leaves[i]
                 if x is not c and (type(x) is not type(c) or x != c):
+                    if type(c) is torch.Generator and x.device == c.device:
+                        self.generators[(k, i)] = x
+                        continue
                     return self.hand_over(func, types, args, kwargs, HANDED_OVER_OPS)
         if self.live_bytes + node.new_bytes > self.budget:
             return self.hand_over(func, types, args, kwargs, HANDED_OVER_FIT)
@@ -1105,7 +1112,8 @@ class Replay:
                     flat = []
                     for i, s in enumerate(node.leaves if node.rerun is None else node.rerun):
                         if type(s) is not Src:
-                            flat.append(s)
+                            flat.append(self.generators.get((n, i), s)
+                                        if type(s) is torch.Generator else s)
                         elif s.key is not None:
                             flat.append(table[s.key] if s.key in table else memo[s.key])
                         elif s.param is not None:
