@@ -304,13 +304,16 @@ def _look_for_optimizers(module: torch.nn.Module, params: list[torch.Tensor]) ->
     known and was not at the last look (a search of all objects: about 0.1 s in a process
     that has imported transformers)."""
     trainable = {id(p) for p in params if p.requires_grad}
-    owned = {id(p) for o in list(_optimizers) for g in o.param_groups for p in g["params"]}
-    if not trainable - owned - _unowned.get(module, set()):
+    if not trainable - _owned() - _unowned.get(module, set()):
         return
     optimizer = torch.optim.Optimizer  # (by type: isinstance asks proxies, which warn)
     _optimizers.update(o for o in gc.get_objects() if issubclass(type(o), optimizer))
-    _unowned[module] = trainable - {id(p) for o in list(_optimizers)
-                                    for g in o.param_groups for p in g["params"]}
+    _unowned[module] = trainable - _owned()
+
+
+def _owned() -> set[int]:
+    """The ids of the parameters some known optimizer updates."""
+    return {id(p) for o in list(_optimizers) for g in o.param_groups for p in g["params"]}
 
 
 def _inner(x: torch.Tensor) -> list[torch.Tensor]:

@@ -980,7 +980,8 @@ class Replay:
             for i, c in constants:
                 x = leaves[i]
                 if x is not c and (type(x) is not type(c) or x != c):
-                    if type(c) is torch.Generator and x.device == c.device:
+                    if (type(c) is torch.Generator and type(x) is torch.Generator
+                            and x.device == c.device):
                         self.generators[(k, i)] = x
                         continue
                     return self.hand_over(func, types, args, kwargs, HANDED_OVER_OPS)
