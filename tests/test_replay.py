@@ -68,9 +68,9 @@ def cnn() -> nn.Module:
 
 
 def generator_mlp() -> nn.Module:
-    """Linear-GELU-Linear-LayerNorm blocks whose dropout draws from a generator it makes
-    anew at each call (seeded by a count): a replay's recomputation must draw from this
-    step's generator, not the recorded step's."""
+    """Linear-GELU-dropout-Linear-LayerNorm blocks whose dropout draws from a generator it
+    makes anew at each call (seeded by a count) and keeps a float mask, which a replay drops:
+    its recomputation must draw from this step's generator, not the recorded step's."""
     class GeneratorDropout(nn.Module):
         def __init__(self) -> None:
             super().__init__()
