@@ -499,6 +499,37 @@ def test_a_parameter_written_before_the_backward_is_refused_and_training_goes_on
         assert out[2] <= budget
 
 
+def test_a_session_kept_for_a_rebuilt_model_lets_the_old_one_go_and_replays_the_new():
+    """A planned session kept while the model and its Adam are built again from their state
+    (a run resumed from a checkpoint): the replay hands over at the first parameter that is
+    another tensor, the session drops its plans, which held the old model's parameters, and
+    plans the new model afresh, whose steps then replay; bitwise eager and within the budget
+    throughout. Before, every other step handed over, the old parameters stayed alive, and
+    the step that handed over pinned the old Adam's state beside the new one's and ran out."""
+    budget = budget_of(mlp, batch, 0.6)
+    session = membudget.budget(budget, mode="planned")
+    got, ref = Trainer(mlp(), batch, session), Trainer(mlp(), batch)
+    for i in range(4):
+        assert_same(got.step(i), ref.step(i))
+    assert session.stats.replayed_ops
+    old = weakref.ref(next(got.model.parameters()))
+    model = mlp()
+    model.load_state_dict(got.model.state_dict())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt.load_state_dict(got.opt.state_dict())
+    got.model, got.opt = model, opt
+    reasons = []
+    for i in range(4, 10):
+        out = got.step(i)
+        assert_same(out, ref.step(i))
+        assert out.peak <= budget, (i, out.peak, budget)
+        reasons.append(session.stats.replay_reason)
+    gc.collect()
+    assert old() is None
+    assert reasons.count("the step's parameters are other tensors (another model)") == 1
+    assert session.stats.replayed_ops and session.stats.replay_handed_over_at is None
+
+
 def test_replay_off_keeps_every_step_on_the_engine():
     budget = budget_of(mlp, batch, 0.6)
     session = membudget.budget(budget, mode="planned", replay=False)

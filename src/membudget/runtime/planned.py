@@ -48,6 +48,7 @@ from membudget.core.records import Tensor
 from membudget.errors import MembudgetError, UnknownNameError
 from membudget.runtime.replay import (
     HANDED_OVER_OPS,
+    HANDED_OVER_PARAMS,
     Closure,
     Key,
     Replay,
@@ -384,11 +385,19 @@ class Planning:
         """A replayed step ended. One that failed, or whose ops differed from the record,
         leaves the session unsettled: the next step runs with the engine (and is recorded
         if no plan covers it), and replays resume after one that follows this plan to its
-        end. A plan whose replay had to hand over to fit, or ran out of the budget
+        end. A step whose parameters are other tensors (a model built again, as when a run
+        resumes from a checkpoint) drops every plan, which would keep the old parameters
+        alive, so the next one is planned afresh. A plan whose replay had to hand over to
+        fit, or ran out of the budget
         (``ran_out``), is not replayed again; the metered peak of one that fitted corrects
         its forecast."""
         start = self.start
         assert start is not None and start.tuning is not None
+        if replay.reason == HANDED_OVER_PARAMS:  # (a new model: the plans hold the old one's
+            # parameters; the next step is recorded and planned afresh)
+            self.plans.clear()
+            self.start, self.settled = None, False
+            return
         if ran_out:
             start.tuning, start.no_replay = None, "a replay of it ran out of the budget"
         if failed or replay.reason == HANDED_OVER_OPS:

@@ -66,6 +66,7 @@ _detach = torch.ops.aten.detach.default
 _UNRECORDED = frozenset(("profiler", "prim"))
 HANDED_OVER_OPS = "the step's ops differ"
 HANDED_OVER_FIT = "the plan does not fit"
+HANDED_OVER_PARAMS = "the step's parameters are other tensors (another model)"
 MAX_CLOSURE = 256  # ops one recomputation may run; a value needing more is kept
 
 Key = tuple[int, int]  # (op index in the step, tensor output index)
@@ -968,7 +969,7 @@ class Replay:
                 continue
             if s.param is not None:
                 if x is not s.param:
-                    return self.hand_over(func, types, args, kwargs, HANDED_OVER_OPS)
+                    return self.hand_over(func, types, args, kwargs, HANDED_OVER_PARAMS)
             elif s.stride is not None and x.stride() != s.stride:  # (the layout of what is
                 # made from it: see ReplayPlan._kept_alias)
                 return self.hand_over(func, types, args, kwargs, HANDED_OVER_OPS)
@@ -1016,6 +1017,11 @@ class Replay:
         self.shed()
         state = optimizer_state(self.plan.params)
         apart = {id(x.untyped_storage()) for x in state}
+        if reason == HANDED_OVER_PARAMS:  # (the recorded parameters' state and gradients
+            # are another model's: the session adopts this one's as its modules run)
+            apart |= {id(p.grad.untyped_storage()) for p in self.plan.params
+                      if p.grad is not None}
+            state = []
         holders = [torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
                    for key, ref in self._live.items()
                    if key not in apart and (st := ref()) is not None]
