@@ -19,6 +19,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from test_compact import optimizer_tensors
 from torch import nn
 
 import membudget
@@ -196,8 +197,7 @@ def test_a_run_resumed_from_a_checkpoint_counts_the_loaded_optimizers_state_at_o
 
     def step(m, opt, budget):
         with StorageMeter() as meter:
-            meter.count([*m.parameters(), *(v for per in opt.state.values()
-                                            for v in per.values())])
+            meter.count([*m.parameters(), *optimizer_tensors(opt)])
             with membudget.budget(budget) if budget else contextlib.nullcontext():
                 loss = loss_fn(m)
                 loss.backward()
